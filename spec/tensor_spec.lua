@@ -1,0 +1,105 @@
+local mla = require "mlalab"
+local S = require "support"
+
+describe("tensor creation", function()
+  it("empty has the requested shape, dtype and contiguous strides", function()
+    local t = mla.empty({ 2, 3, 4 }, "bf16", "cpu")
+    assert.same({ 2, 3, 4 }, t:size())
+    assert.same({ 12, 4, 1 }, t:stride())
+    assert.equal("bf16", t.dtype)
+    assert.equal("cpu", t.device)
+    assert.equal(24, t:numel())
+    assert.is_true(t:is_contiguous())
+  end)
+
+  it("full, zeros and ones fill every element", function()
+    for _, dt in ipairs { "f32", "bf16", "i32", "e4m3" } do
+      assert.same({ 7, 7, 7, 7 }, S.values(mla.full({ 2, 2 }, 7, dt, "cpu")))
+      assert.same({ 0, 0, 0 }, S.values(mla.zeros({ 3 }, dt, "cpu")))
+      assert.same({ 1, 1 }, S.values(mla.ones({ 2 }, dt, "cpu")))
+    end
+  end)
+
+  it("tensor() builds from nested tables and arange counts from 0", function()
+    local t = mla.tensor({ { 1, 2, 3 }, { 4, 5, 6 } }, "f32", "cpu")
+    assert.same({ { 1, 2, 3 }, { 4, 5, 6 } }, t:totable())
+    assert.same({ 0, 1, 2, 3 }, mla.arange(4, "i64", "cpu"):totable())
+  end)
+
+  it("rejects unknown dtypes, bad shapes and devices with clear errors", function()
+    S.assert_error_contains(function() mla.empty({ 2 }, "f33", "cpu") end, "unknown dtype 'f33'")
+    S.assert_error_contains(function() mla.empty({ -1 }, "f32", "cpu") end, "negative")
+    S.assert_error_contains(function() mla.empty({ 1, 1, 1, 1, 1, 1, 1, 1, 1 }, "f32", "cpu") end, "at most 8")
+    S.assert_error_contains(function() mla.empty({ 2 }, "f32", "tpu") end, "invalid device 'tpu'")
+    S.assert_error_contains(function() mla.tensor({ { 1, 2 }, { 3 } }, "f32", "cpu") end, "ragged")
+  end)
+end)
+
+describe("tensor views", function()
+  local function grid() return mla.arange(24, "i32", "cpu"):view({ 2, 3, 4 }) end
+
+  it("narrow, select and transpose share storage and index correctly", function()
+    local t = grid()
+    local n = t:narrow(2, 1, 2)
+    assert.same({ 2, 3, 2 }, n:size())
+    assert.equal(1, n:offset())
+    assert.equal(t:get({ 1, 2, 2 }), n:get({ 1, 2, 1 }))
+    local s = t:select(1, 2)
+    assert.same({ 2, 4 }, s:size())
+    assert.equal(20, s:get({ 1, 0 }))
+    local tr = t:transpose(0, 2)
+    assert.same({ 4, 3, 2 }, tr:size())
+    assert.equal(t:get({ 1, 2, 3 }), tr:get({ 3, 2, 1 }))
+    assert.is_true(tr:same_storage(t))
+    assert.is_false(tr:is_contiguous())
+  end)
+
+  it("view follows the contiguity rule and reshape copies when it must", function()
+    local t = grid()
+    assert.same({ 6, 4 }, t:view({ 6, -1 }):size())
+    local tr = t:transpose(1, 2) -- [2, 4, 3]
+    S.assert_error_contains(function() tr:view({ 24 }) end, "strides do not allow")
+    local r = tr:reshape({ 24 })
+    assert.is_false(r:same_storage(t))
+    assert.equal(tr:get({ 0, 1, 0 }), r:get({ 3 }))
+  end)
+
+  it("as_strided checks the true extent after strides are set", function()
+    local t = mla.zeros({ 10 }, "f32", "cpu")
+    local v = t:as_strided({ 3, 2 }, { 3, 1 }, 1) -- last element at 1 + 6 + 1 = 8
+    assert.same({ 3, 2 }, v:size())
+    S.assert_error_contains(function() t:as_strided({ 3, 2 }, { 4, 1 }, 1) end, "storage has 40 bytes")
+    S.assert_error_contains(function() t:as_strided({ 2 }, { -1 }, 5) end, "negative")
+  end)
+
+  it("byte reinterpretation views a u8 cache row as f32 scales", function()
+    local row = mla.zeros({ 2, 656 }, "u8", "cpu")
+    local f = row:narrow(1, 512, 16):view("f32")
+    assert.same({ 2, 4 }, f:size())
+    assert.same({ 164, 1 }, f:stride())
+    f:fill(1.5)
+    assert.equal(1.5, row:view("f32"):get({ 1, 128 + 1 }))
+    S.assert_error_contains(function() row:narrow(1, 1, 16):view("f32") end, "not aligned")
+  end)
+
+  it("narrow and select reject out-of-range arguments", function()
+    local t = grid()
+    S.assert_error_contains(function() t:narrow(0, 1, 2) end, "out of range")
+    S.assert_error_contains(function() t:select(3, 0) end, "out of range")
+    S.assert_error_contains(function() t:get({ 0, 0 }) end, "3 dims")
+  end)
+end)
+
+describe("tensor lifetime", function()
+  it("a closed tensor is rejected, views keep storage alive", function()
+    local t = mla.arange(8, "i32", "cpu")
+    local v = t:narrow(0, 2, 3)
+    t:close()
+    S.assert_error_contains(function() t:numel() end, "closed tensor")
+    assert.same({ 2, 3, 4 }, v:totable())
+    do
+      local scoped <close> = mla.zeros({ 4 }, "f32", "cpu")
+      assert.equal(4, scoped:numel())
+    end
+  end)
+end)

@@ -1,0 +1,42 @@
+/* Shared helpers for the Lua bindings (l_*.c). Bindings check arguments,
+ * call the C core, and turn its errors into Lua errors; nothing else. */
+#ifndef MLA_L_COMMON_H
+#define MLA_L_COMMON_H
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "dtype.h"
+#include "tensor.h"
+
+#define MLA_TENSOR_MT "mlalab.Tensor"
+
+/* Raises the core's current error message as a Lua error (never returns). */
+int mla_lua_error(lua_State *L);
+/* Raises "<fn>: <core message>" */
+int mla_lua_errorf(lua_State *L, const char *fn);
+
+/* Tensors as userdata: the userdata holds the mla_tensor itself. */
+mla_tensor *mla_check_tensor(lua_State *L, int idx); /* errors on closed tensors too */
+mla_tensor *mla_test_tensor(lua_State *L, int idx);  /* NULL if not a tensor */
+/* Pushes a new userdata; the caller fills the returned struct (storage NULL
+ * until then, which __gc tolerates). */
+mla_tensor *mla_push_tensor(lua_State *L);
+
+mla_dtype mla_check_dtype(lua_State *L, int idx);
+mla_dtype mla_opt_dtype(lua_State *L, int idx, mla_dtype def);
+/* "cpu", "cuda", "cuda:N", or nil for the default device */
+int mla_check_device(lua_State *L, int idx);
+int mla_opt_device(lua_State *L, int idx);
+int mla_default_device(lua_State *L);
+/* Reads a shape: a table of sizes or the integers from idx on. */
+int mla_check_shape(lua_State *L, int idx, int64_t *sizes);
+/* Field of an options table (or nil); leaves the value on the stack. */
+int mla_opt_field(lua_State *L, int idx, const char *name);
+const char *mla_device_name(int dev, char *buf, size_t n);
+
+/* Module registration: each l_*.c adds its functions to the table on top. */
+void mla_open_tensor(lua_State *L);
+void mla_open_device(lua_State *L);
+
+#endif
