@@ -35,6 +35,18 @@ int mla_check_shape(lua_State *L, int idx, int64_t *sizes);
 int mla_opt_field(lua_State *L, int idx, const char *name);
 const char *mla_device_name(int dev, char *buf, size_t n);
 
+/* Layout descriptors travel between Lua and C as Lua strings holding the
+ * packed struct (core.layout_pack(desc_table) builds one; see
+ * lua/mlalab/layout.lua). Implemented in l_layout.c. */
+#include "mla/layout_desc.h"
+const mla_layout_desc *mla_check_layout_desc(lua_State *L, int idx);
+/* The cache view a kernel receives, from a tensor holding one layer's pages
+ * (u8 [pages, page_bytes], or [pages, block_size, row] for one-region
+ * layouts) and an optional f32 tensor-scale tensor at scale_idx (0 = none).
+ * Checks dtype, dims, page stride and alignment against the descriptor and
+ * raises a Lua error naming what is wrong. Returns the tensor's device. */
+int mla_check_cache_view(lua_State *L, const mla_layout_desc *d, int tensor_idx, int scale_idx, mla_cache_view *v);
+
 /* Module registration: each l_*.c adds its functions to the table on top. */
 void mla_open_tensor(lua_State *L);
 void mla_open_device(lua_State *L);

@@ -1,0 +1,94 @@
+/* The layout descriptor: a cache format as plain data, produced from the Lua
+ * description (lua/mlalab/layout.lua, `layout:desc(block_size)`) and read by
+ * the CPU references (src/ref), the kernels baked in with nvcc (src/kernels)
+ * and, as compile-time constants, by JIT kernels. No format is special-cased
+ * anywhere else: everything a kernel needs to address, quantize and
+ * dequantize a token is here.
+ *
+ * Model. A token is a logical row of `dim` values (576 for V3/V3.2 MLA: 512
+ * latent + 64 RoPE; 512 for V4; 128 for the DSA indexer key). A page holds
+ * `block_size` tokens and is split into up to MLA_LAYOUT_MAX_REGIONS regions;
+ * region r stores one row of `region_row_bytes[r]` bytes per token, laid out
+ * [block_size][row] starting at byte `region_off[r]` of the page. Interleaved
+ * formats (bf16, fp8 per-tensor, V3.2 656 B) have one region; page-split
+ * formats (V4 584 B, indexer 132 B, V4.1 FP4) put scales in a second region.
+ *
+ * Addresses, all in 64-bit arithmetic (see mla_cache_view):
+ *   page p  = base + p * page_stride                (page_stride read from the tensor)
+ *   token t of region 0 = page + region_off[0] + t * token_stride
+ *   token t of region r>0 = page + region_off[r] + t * region_row_bytes[r]
+ *   slot s  -> p = s / block_size, t = s % block_size; s < 0 is "no token"
+ *
+ * Fields cover the logical row: field f stores dims [dim_lo, dim_lo + count)
+ * as `dtype` elements at byte `byte_off` of the token's row in `region`
+ * (sub-byte dtypes pack two per byte, even element in the low nibble).
+ * Quantization of a field:
+ *   MLA_SCALE_NONE   q = encode(x)                          (bf16: RNE)
+ *   MLA_SCALE_TENSOR q = encode(x / s_t), s_t the per-tensor scale (a device f32)
+ *   MLA_SCALE_GROUP  per group g of `group` consecutive dims:
+ *       a = max |x| over the group (NaN if any x is NaN)
+ *       POW2: s = 2^ceil(log2(max(a / qmax, eps)))   (eps_on_amax: max(a, eps) / qmax)
+ *       AMAX: s = a / qmax                           (eps_on_amax: max(a, eps) / qmax;
+ *                                                     else max(a / qmax, eps))
+ *       s clamped to [scale_min, scale_max] when those are > 0,
+ *       stored as scale_dtype (f32 exact, ue8m0 exponent byte, e4m3 / bf16 RNE)
+ *       at scale_region row byte scale_off + g * scale_size;
+ *       q = encode(x / decode(stored scale))   (fp8: satfinite RNE; e2m1: satfinite RNE)
+ *   Dequant: x = decode(q) * decode(scale) (or * s_t), computed in fp32; readers
+ *   that produce bf16 round that fp32 product once.
+ * PAD fields are bytes a writer sets to zero (e.g. V4's 8th scale byte).
+ * K is dims [0, k_dims) and V is dims [0, v_dims): V is always a prefix of K. */
+#ifndef MLA_LAYOUT_DESC_H
+#define MLA_LAYOUT_DESC_H
+
+#include "platform.h"
+
+#define MLA_LAYOUT_MAX_FIELDS 8
+#define MLA_LAYOUT_MAX_REGIONS 4
+
+enum mla_field_role { MLA_FIELD_DATA = 0, MLA_FIELD_PAD = 1 };
+enum mla_scale_kind { MLA_SCALE_NONE = 0, MLA_SCALE_TENSOR = 1, MLA_SCALE_GROUP = 2 };
+enum mla_scale_policy { MLA_POLICY_POW2 = 0, MLA_POLICY_AMAX = 1 };
+
+typedef struct mla_layout_field {
+  int32_t role;         /* mla_field_role */
+  int32_t dtype;        /* stored element type (mla_dtype id); u8 for PAD */
+  int32_t dim_lo;       /* first logical dim stored (DATA) */
+  int32_t count;        /* elements stored (DATA), bytes (PAD) */
+  int32_t region;       /* page region of the data */
+  int32_t byte_off;     /* byte offset inside the token's row of that region */
+  int32_t scale_kind;   /* mla_scale_kind */
+  int32_t group;        /* elements per scale (GROUP) */
+  int32_t scale_dtype;  /* f32, ue8m0, e4m3 or bf16 (GROUP) */
+  int32_t scale_region; /* region of the scales (GROUP) */
+  int32_t scale_off;    /* byte offset of the first scale in that region's token row */
+  int32_t scale_policy; /* mla_scale_policy */
+  int32_t eps_on_amax;  /* 1: eps bounds the amax, 0: eps bounds the scale */
+  float qmax;           /* largest code magnitude of dtype (448 e4m3, 6 e2m1) */
+  float eps;            /* 0 = none */
+  float scale_min, scale_max; /* clamp of the scale value, 0 = none */
+} mla_layout_field;
+
+typedef struct mla_layout_desc {
+  int32_t dim;        /* logical row width */
+  int32_t k_dims, v_dims;
+  int32_t nfields, nregions;
+  int32_t block_size; /* tokens per page this descriptor was made for */
+  int32_t region_row_bytes[MLA_LAYOUT_MAX_REGIONS];
+  int64_t region_off[MLA_LAYOUT_MAX_REGIONS]; /* byte offset of each region in a page */
+  int64_t page_bytes; /* smallest legal page stride (regions + alignment padding) */
+  int32_t page_align; /* page strides must be multiples of this (bytes) */
+  int32_t token_align; /* token rows of region 0 must start at multiples of this */
+  mla_layout_field fields[MLA_LAYOUT_MAX_FIELDS];
+} mla_layout_desc;
+
+/* One layer's cache as kernels receive it. */
+typedef struct mla_cache_view {
+  unsigned char *base;  /* byte address of page 0 (storage + view offset) */
+  int64_t page_stride;  /* bytes between pages: the view's stride(0), never block_size * entry */
+  int64_t token_stride; /* bytes between region-0 token rows (the view's stride(1) when 3-D) */
+  int64_t num_pages;
+  const float *tensor_scale; /* per-tensor scale (device pointer on GPU, host on CPU), or NULL */
+} mla_cache_view;
+
+#endif
