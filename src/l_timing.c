@@ -1,0 +1,179 @@
+/* Lua bindings for the timing primitives (src/timing.h). */
+#include <string.h>
+
+#include "l_common.h"
+#include "mla_error.h"
+#include "timing.h"
+
+#define MLA_GRAPH_MT "mlalab.Graph"
+
+typedef struct lgraph {
+  cudaGraphExec_t exec;
+  int dev;
+  int64_t nodes;
+} lgraph;
+
+static int gpu_arg(lua_State *L, int idx) {
+  int d = mla_opt_device(L, idx);
+  if (d == MLA_CPU) return luaL_error(L, "a CUDA device is required here (got cpu)");
+  return d;
+}
+
+static int l_clock(lua_State *L) {
+  lua_pushnumber(L, mla_clock_now());
+  return 1;
+}
+
+static int l_sleep(lua_State *L) {
+  mla_sleep(luaL_checknumber(L, 1));
+  return 0;
+}
+
+static int opt_bool(lua_State *L, int t, const char *k, int def) {
+  int v = mla_opt_field(L, t, k) == LUA_TNIL ? def : lua_toboolean(L, -1);
+  lua_pop(L, 1);
+  return v;
+}
+
+/* core.timing_begin(dev, {flush=true, block=true, clock="nvml"|"stamps"|"none", block_timeout=5}) */
+static int l_timing_begin(lua_State *L) {
+  int dev = gpu_arg(L, 1);
+  mla_timing_opts o = {opt_bool(L, 2, "flush", 1), opt_bool(L, 2, "block", 1), MLA_CLOCK_NONE, 5.0};
+  if (mla_opt_field(L, 2, "clock") != LUA_TNIL) {
+    static const char *const names[] = {"none", "nvml", "stamps", NULL};
+    o.clock = (mla_clock_source)luaL_checkoption(L, -1, NULL, names);
+  }
+  lua_pop(L, 1);
+  if (mla_opt_field(L, 2, "block_timeout") != LUA_TNIL) o.block_timeout = luaL_checknumber(L, -1);
+  lua_pop(L, 1);
+  if (mla_timing_begin(dev, &o)) return mla_lua_errorf(L, "timing_begin");
+  return 0;
+}
+
+/* core.timing_end(dev) -> {gpu_s=, cpu_s=, sm_mhz=, block_timed_out=} */
+static int l_timing_end(lua_State *L) {
+  int dev = gpu_arg(L, 1);
+  mla_timing_sample s;
+  if (mla_timing_end(dev, &s)) return mla_lua_errorf(L, "timing_end");
+  lua_createtable(L, 0, 4);
+  lua_pushnumber(L, s.gpu_s), lua_setfield(L, -2, "gpu_s");
+  lua_pushnumber(L, s.cpu_s), lua_setfield(L, -2, "cpu_s");
+  if (s.sm_mhz > 0) lua_pushnumber(L, s.sm_mhz), lua_setfield(L, -2, "sm_mhz");
+  lua_pushboolean(L, s.block_timed_out), lua_setfield(L, -2, "block_timed_out");
+  return 1;
+}
+
+static int l_timing_abort(lua_State *L) {
+  mla_timing_abort(gpu_arg(L, 1));
+  return 0;
+}
+
+static int l_timing_info(lua_State *L) {
+  mla_timing_info i;
+  if (mla_timing_info_get(gpu_arg(L, 1), &i)) return mla_lua_errorf(L, "timing_info");
+  lua_createtable(L, 0, 4);
+  lua_pushinteger(L, i.l2_bytes), lua_setfield(L, -2, "l2_bytes");
+  lua_pushnumber(L, i.default_sm_mhz), lua_setfield(L, -2, "default_sm_mhz");
+  lua_pushboolean(L, i.nvml_ok), lua_setfield(L, -2, "nvml");
+  lua_pushstring(L, i.nvml_status), lua_setfield(L, -2, "nvml_status");
+  return 1;
+}
+
+/* core.sm_clock(dev) -> MHz, or nil and the reason */
+static int l_sm_clock(lua_State *L) {
+  double mhz;
+  if (mla_nvml_sm_clock(gpu_arg(L, 1), &mhz)) {
+    lua_pushnil(L);
+    lua_pushstring(L, mla_errmsg());
+    return 2;
+  }
+  lua_pushnumber(L, mhz);
+  return 1;
+}
+
+/* ---- graphs ------------------------------------------------------------- */
+
+static lgraph *check_graph(lua_State *L, int idx) {
+  lgraph *g = luaL_checkudata(L, idx, MLA_GRAPH_MT);
+  if (!g->exec) luaL_argerror(L, idx, "attempt to use a closed graph");
+  return g;
+}
+
+static int l_graph_begin(lua_State *L) {
+  if (mla_graph_begin(gpu_arg(L, 1))) return mla_lua_errorf(L, "graph capture");
+  return 0;
+}
+
+static int l_graph_end(lua_State *L) {
+  int dev = gpu_arg(L, 1);
+  lgraph *g = lua_newuserdatauv(L, sizeof *g, 0);
+  memset(g, 0, sizeof *g);
+  luaL_setmetatable(L, MLA_GRAPH_MT);
+  g->dev = dev;
+  if (mla_graph_end(dev, &g->exec, &g->nodes)) return mla_lua_errorf(L, "graph capture");
+  return 1;
+}
+
+static int l_graph_abort(lua_State *L) {
+  mla_graph_abort(gpu_arg(L, 1));
+  return 0;
+}
+
+static int l_graph_launch(lua_State *L) {
+  lgraph *g = check_graph(L, 1);
+  if (mla_graph_launch(g->dev, g->exec)) return mla_lua_errorf(L, "graph launch");
+  return 0;
+}
+
+static int l_graph_nodes(lua_State *L) {
+  lua_pushinteger(L, check_graph(L, 1)->nodes);
+  return 1;
+}
+
+static int l_graph_close(lua_State *L) {
+  lgraph *g = luaL_checkudata(L, 1, MLA_GRAPH_MT);
+  mla_graph_destroy(g->exec);
+  g->exec = NULL;
+  return 0;
+}
+
+/* ---- reference rates ---------------------------------------------------- */
+
+static int l_memcpy_bandwidth(lua_State *L) {
+  int dev = gpu_arg(L, 1);
+  lua_Integer bytes = luaL_optinteger(L, 2, (lua_Integer)1 << 30);
+  int reps = (int)luaL_optinteger(L, 3, 20);
+  double gbs;
+  if (mla_memcpy_bandwidth(dev, bytes, reps, &gbs)) return mla_lua_errorf(L, "memcpy_bandwidth");
+  lua_pushnumber(L, gbs);
+  return 1;
+}
+
+static int l_gemm_rate(lua_State *L) {
+  int dev = gpu_arg(L, 1);
+  int n = (int)luaL_optinteger(L, 2, 8192), reps = (int)luaL_optinteger(L, 3, 20);
+  double tf;
+  if (mla_gemm_rate(dev, n, reps, &tf)) return mla_lua_errorf(L, "gemm_rate");
+  lua_pushnumber(L, tf);
+  return 1;
+}
+
+void mla_open_timing(lua_State *L) {
+  static const luaL_Reg graph_methods[] = {
+    {"launch", l_graph_launch}, {"nodes", l_graph_nodes}, {"close", l_graph_close}, {NULL, NULL}};
+  static const luaL_Reg fns[] = {
+    {"clock", l_clock}, {"sleep", l_sleep},
+    {"timing_begin", l_timing_begin}, {"timing_end", l_timing_end}, {"timing_abort", l_timing_abort},
+    {"timing_info", l_timing_info}, {"sm_clock", l_sm_clock},
+    {"graph_begin", l_graph_begin}, {"graph_end", l_graph_end}, {"graph_abort", l_graph_abort},
+    {"memcpy_bandwidth", l_memcpy_bandwidth}, {"gemm_rate", l_gemm_rate},
+    {NULL, NULL}};
+  luaL_newmetatable(L, MLA_GRAPH_MT);
+  lua_newtable(L);
+  luaL_setfuncs(L, graph_methods, 0);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, l_graph_close), lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, l_graph_close), lua_setfield(L, -2, "__close");
+  lua_pop(L, 1);
+  luaL_setfuncs(L, fns, 0);
+}

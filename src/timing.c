@@ -1,0 +1,275 @@
+/* Timing primitives: cold samples (flush, blocker, events), SM clocks
+ * (NVML by dlopen, or clock stamps), CUDA graphs. Reference rates (memcpy,
+ * GEMM) are in timing_ref.c. */
+#define _POSIX_C_SOURCE 200809L
+#include "timing.h"
+
+#include <dlfcn.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "device.h"
+#include "kernels/timing_kernels.h"
+#include "mla_error.h"
+
+#define MAX_DEV 16
+
+double mla_clock_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void mla_sleep(double seconds) {
+  if (seconds <= 0) return;
+  struct timespec ts = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0) {}
+}
+
+/* ---- NVML, opened at run time ------------------------------------------ */
+
+typedef void *nvml_device;
+static struct {
+  int tried, ok;
+  char status[160];
+  int (*init)(void);
+  int (*by_pci)(const char *, nvml_device *);
+  int (*clock_info)(nvml_device, int, unsigned *);
+  const char *(*errstr)(int);
+  nvml_device handle[MAX_DEV];
+  int have_handle[MAX_DEV];
+} nvml;
+
+enum { NVML_CLOCK_SM = 1 };
+
+static int nvml_open(void) {
+  if (nvml.tried) return nvml.ok;
+  nvml.tried = 1;
+  void *lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    snprintf(nvml.status, sizeof nvml.status, "libnvidia-ml.so.1 not found");
+    return 0;
+  }
+  /* POSIX: dlsym results convert to function pointers through this cast */
+  *(void **)&nvml.init = dlsym(lib, "nvmlInit_v2");
+  *(void **)&nvml.by_pci = dlsym(lib, "nvmlDeviceGetHandleByPciBusId_v2");
+  *(void **)&nvml.clock_info = dlsym(lib, "nvmlDeviceGetClockInfo");
+  *(void **)&nvml.errstr = dlsym(lib, "nvmlErrorString");
+  if (!nvml.init || !nvml.by_pci || !nvml.clock_info) {
+    snprintf(nvml.status, sizeof nvml.status, "libnvidia-ml.so.1 lacks the clock entry points");
+    return 0;
+  }
+  int rc = nvml.init();
+  if (rc != 0) {
+    snprintf(nvml.status, sizeof nvml.status, "nvmlInit failed: %s", nvml.errstr ? nvml.errstr(rc) : "?");
+    return 0;
+  }
+  snprintf(nvml.status, sizeof nvml.status, "ok");
+  nvml.ok = 1;
+  return 1;
+}
+
+int mla_nvml_sm_clock(int dev, double *mhz) {
+  if (dev < 0 || dev >= MAX_DEV) return mla_err("nvml: bad device %d", dev);
+  if (!nvml_open()) return mla_err("nvml: %s", nvml.status);
+  if (!nvml.have_handle[dev]) {
+    char pci[64];
+    if (mla_cuda_check(cudaDeviceGetPCIBusId(pci, sizeof pci, dev), "cudaDeviceGetPCIBusId")) return -1;
+    int rc = nvml.by_pci(pci, &nvml.handle[dev]);
+    if (rc != 0) return mla_err("nvml: no handle for %s: %s", pci, nvml.errstr ? nvml.errstr(rc) : "?");
+    nvml.have_handle[dev] = 1;
+  }
+  unsigned v = 0;
+  int rc = nvml.clock_info(nvml.handle[dev], NVML_CLOCK_SM, &v);
+  if (rc != 0) return mla_err("nvml: clock read failed: %s", nvml.errstr ? nvml.errstr(rc) : "?");
+  *mhz = (double)v;
+  return 0;
+}
+
+/* ---- per-device sampling state ------------------------------------------ */
+
+typedef struct timing_dev {
+  int ready;
+  void *l2buf;
+  int64_t l2_bytes;
+  int sm_count, clock_khz;
+  volatile int32_t *flag_h, *tout_h; /* mapped host memory */
+  int32_t *flag_d, *tout_d;
+  uint64_t *stamps_h, *stamps_d; /* [global0, clock0, global1, clock1] */
+  cudaEvent_t ev0, ev1;
+  int active;
+  mla_timing_opts opts;
+  double cpu0;
+} timing_dev;
+
+static timing_dev tdev[MAX_DEV];
+
+static int mapped(int64_t bytes, void **h, void **d) {
+  if (mla_cuda_check(cudaHostAlloc(h, (size_t)bytes, cudaHostAllocMapped), "cudaHostAlloc (timing)")) return -1;
+  memset(*h, 0, (size_t)bytes);
+  return mla_cuda_check(cudaHostGetDevicePointer(d, *h, 0), "cudaHostGetDevicePointer (timing)");
+}
+
+static timing_dev *state(int dev) {
+  if (dev < 0 || dev >= MAX_DEV) {
+    mla_err("timing needs a CUDA device (got %d)", dev);
+    return NULL;
+  }
+  if (mla_device_use(dev)) return NULL;
+  timing_dev *t = &tdev[dev];
+  if (t->ready) return t;
+  int l2 = 0;
+  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+  cudaDeviceGetAttribute(&t->sm_count, cudaDevAttrMultiProcessorCount, dev);
+  cudaDeviceGetAttribute(&t->clock_khz, cudaDevAttrClockRate, dev);
+  t->l2_bytes = l2;
+  void *h, *d;
+  if (l2 > 0 && mla_cuda_check(cudaMalloc(&t->l2buf, (size_t)l2), "cudaMalloc (L2 flush buffer)")) return NULL;
+  if (mapped(64, &h, &d)) return NULL;
+  t->flag_h = (volatile int32_t *)h, t->tout_h = (volatile int32_t *)h + 1;
+  t->flag_d = (int32_t *)d, t->tout_d = (int32_t *)d + 1;
+  if (mapped(64, &h, &d)) return NULL;
+  t->stamps_h = h, t->stamps_d = d;
+  if (mla_cuda_check(cudaEventCreate(&t->ev0), "cudaEventCreate") ||
+      mla_cuda_check(cudaEventCreate(&t->ev1), "cudaEventCreate"))
+    return NULL;
+  t->ready = 1;
+  return t;
+}
+
+int mla_timing_info_get(int dev, mla_timing_info *info) {
+  timing_dev *t = state(dev);
+  if (!t) return -1;
+  memset(info, 0, sizeof *info);
+  info->l2_bytes = t->l2_bytes;
+  info->default_sm_mhz = t->clock_khz / 1000.0;
+  info->nvml_ok = nvml_open();
+  snprintf(info->nvml_status, sizeof info->nvml_status, "%s", nvml.status);
+  return 0;
+}
+
+static int launched(int dev, cudaError_t e, const char *name) {
+  if (e != cudaSuccess) {
+    char what[96];
+    snprintf(what, sizeof what, "launch of kernel %s", name);
+    return mla_cuda_check(e, what);
+  }
+  return mla_launch_check(dev, name);
+}
+
+int mla_timing_begin(int dev, const mla_timing_opts *o) {
+  timing_dev *t = state(dev);
+  if (!t) return -1;
+  if (t->active) return mla_err("timing: a sample is already open on cuda:%d", dev);
+  cudaStream_t s = mla_device_stream(dev);
+  if (!s) return -1;
+  if (o->flush && t->l2buf && mla_cuda_check(cudaMemsetAsync(t->l2buf, 0, (size_t)t->l2_bytes, s), "L2 flush")) return -1;
+  if (mla_device_sync(dev)) return -1;
+  t->opts = *o;
+  t->cpu0 = mla_clock_now();
+  if (o->block) {
+    *t->flag_h = 0, *t->tout_h = 0;
+    if (launched(dev, mla_cuda_block_stream(t->flag_d, t->tout_d, o->block_timeout, s), "block_stream")) return -1;
+  }
+  t->active = 1; /* from here an error must release the blocker: mla_timing_abort */
+  if (o->clock == MLA_CLOCK_STAMPS &&
+      launched(dev, mla_cuda_clock_stamp(t->stamps_d, t->sm_count, s), "clock_stamp")) {
+    mla_timing_abort(dev);
+    return -1;
+  }
+  if (mla_cuda_check(cudaEventRecord(t->ev0, s), "cudaEventRecord")) {
+    mla_timing_abort(dev);
+    return -1;
+  }
+  return 0;
+}
+
+int mla_timing_end(int dev, mla_timing_sample *out) {
+  timing_dev *t = state(dev);
+  if (!t) return -1;
+  if (!t->active) return mla_err("timing: no sample is open on cuda:%d", dev);
+  cudaStream_t s = mla_device_stream(dev);
+  memset(out, 0, sizeof *out);
+  int rc = mla_cuda_check(cudaEventRecord(t->ev1, s), "cudaEventRecord");
+  if (rc == 0 && t->opts.clock == MLA_CLOCK_STAMPS)
+    rc = launched(dev, mla_cuda_clock_stamp(t->stamps_d + 2, t->sm_count, s), "clock_stamp");
+  /* read while the blocker still holds the queue: the GPU is busy, not idling down */
+  double mhz = 0;
+  if (rc == 0 && t->opts.clock == MLA_CLOCK_NVML && mla_nvml_sm_clock(dev, &mhz)) mhz = 0;
+  if (t->opts.block) *t->flag_h = 1;
+  t->active = 0;
+  if (rc) {
+    mla_device_sync_all();
+    return rc;
+  }
+  if (mla_device_sync(dev)) return -1;
+  out->cpu_s = mla_clock_now() - t->cpu0;
+  float ms = 0;
+  if (mla_cuda_check(cudaEventElapsedTime(&ms, t->ev0, t->ev1), "cudaEventElapsedTime")) return -1;
+  out->gpu_s = ms * 1e-3;
+  out->block_timed_out = t->opts.block && *t->tout_h;
+  if (t->opts.clock == MLA_CLOCK_STAMPS) {
+    uint64_t dg = t->stamps_h[2] - t->stamps_h[0], dc = t->stamps_h[3] - t->stamps_h[1];
+    mhz = dg > 0 ? (double)dc / (double)dg * 1e3 : 0; /* cycles per ns * 1000 = MHz */
+  }
+  out->sm_mhz = mhz;
+  return 0;
+}
+
+void mla_timing_abort(int dev) {
+  if (dev < 0 || dev >= MAX_DEV || !tdev[dev].ready) return;
+  timing_dev *t = &tdev[dev];
+  if (t->opts.block) *t->flag_h = 1;
+  t->active = 0;
+  cudaStream_t s = mla_device_stream(dev);
+  if (s) cudaStreamSynchronize(s);
+  cudaGetLastError();
+}
+
+/* ---- CUDA graphs ------------------------------------------------------------ */
+
+int mla_graph_begin(int dev) {
+  cudaStream_t s = mla_device_stream(dev);
+  if (!s) return -1;
+  if (mla_device_sync(dev)) return -1;
+  /* relaxed: allocator calls made by the captured code are not refused */
+  return mla_cuda_check(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
+}
+
+int mla_graph_end(int dev, cudaGraphExec_t *out, int64_t *nodes) {
+  cudaStream_t s = mla_device_stream(dev);
+  if (!s) return -1;
+  cudaGraph_t g = NULL;
+  cudaError_t e = cudaStreamEndCapture(s, &g);
+  if (e != cudaSuccess)
+    return mla_cuda_check(e, "graph capture (the captured code synchronized, copied to the host, or used another stream)");
+  size_t n = 0;
+  cudaGraphGetNodes(g, NULL, &n);
+  *nodes = (int64_t)n;
+  e = cudaGraphInstantiate(out, g, 0);
+  cudaGraphDestroy(g);
+  return mla_cuda_check(e, "cudaGraphInstantiate");
+}
+
+void mla_graph_abort(int dev) {
+  cudaStream_t s = mla_device_stream(dev);
+  if (!s) return;
+  enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
+    cudaGraph_t g = NULL;
+    cudaStreamEndCapture(s, &g);
+    if (g) cudaGraphDestroy(g);
+  }
+  cudaGetLastError();
+}
+
+int mla_graph_launch(int dev, cudaGraphExec_t g) {
+  cudaStream_t s = mla_device_stream(dev);
+  if (!s) return -1;
+  return mla_cuda_check(cudaGraphLaunch(g, s), "cudaGraphLaunch");
+}
+
+void mla_graph_destroy(cudaGraphExec_t g) {
+  if (g) cudaGraphExecDestroy(g);
+}

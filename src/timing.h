@@ -1,0 +1,74 @@
+/* Timing primitives for the bench harness (lua/mlalab/bench.lua holds the
+ * policy: warm-up, stopping rule, throttle back-off, statistics).
+ *
+ * A GPU sample, NVBench's cold measurement:
+ *   begin: [L2 flush: memset over an L2-sized buffer] -> sync -> [blocking
+ *          kernel that spins until released, so the launches that follow
+ *          queue behind it] -> [clock stamp] -> start event
+ *   ... the caller launches the work under test on the device stream ...
+ *   end:   stop event -> [clock stamp] -> [SM clock read by NVML while the
+ *          GPU is still busy] -> release the blocker -> sync -> elapsed time
+ * NVML is opened with dlopen, so the binary has no link dependency on it. */
+#ifndef MLA_TIMING_H
+#define MLA_TIMING_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Monotonic wall clock in seconds, and a sleep. */
+double mla_clock_now(void);
+void mla_sleep(double seconds);
+
+typedef enum { MLA_CLOCK_NONE, MLA_CLOCK_NVML, MLA_CLOCK_STAMPS } mla_clock_source;
+
+typedef struct mla_timing_opts {
+  int flush;             /* memset an L2-sized buffer before the sample */
+  int block;             /* queue the work behind the blocking kernel */
+  mla_clock_source clock;
+  double block_timeout;  /* seconds the blocker waits before releasing itself */
+} mla_timing_opts;
+
+typedef struct mla_timing_sample {
+  double gpu_s;     /* start event to stop event */
+  double cpu_s;     /* host time from after the flush to after the final sync */
+  double sm_mhz;    /* SM clock during the sample, 0 when unknown */
+  int block_timed_out; /* the blocker released itself: the caller synchronized inside the sample */
+} mla_timing_sample;
+
+int mla_timing_begin(int dev, const mla_timing_opts *o);
+int mla_timing_end(int dev, mla_timing_sample *out);
+/* After an error between begin and end: release the blocker, drain the stream. */
+void mla_timing_abort(int dev);
+
+typedef struct mla_timing_info {
+  int64_t l2_bytes;
+  double default_sm_mhz; /* cudaDevAttrClockRate, what NVBench calls the default clock */
+  int nvml_ok;
+  char nvml_status[160];
+} mla_timing_info;
+int mla_timing_info_get(int dev, mla_timing_info *info);
+/* Current SM clock through NVML (MHz); negative status when NVML is unusable. */
+int mla_nvml_sm_clock(int dev, double *mhz);
+
+/* CUDA graphs: capture the work launched on the device stream, replay it. */
+int mla_graph_begin(int dev);
+int mla_graph_end(int dev, cudaGraphExec_t *out, int64_t *nodes);
+void mla_graph_abort(int dev);
+int mla_graph_launch(int dev, cudaGraphExec_t g);
+void mla_graph_destroy(cudaGraphExec_t g);
+
+/* Reference rates measured on this device: cudaMemcpy device to device of
+ * `bytes` (GB/s counting bytes read + written, median of `reps`), and a
+ * cuBLAS bf16 GEMM n x n x n with fp32 accumulation (TFLOPS, median). */
+int mla_memcpy_bandwidth(int dev, int64_t bytes, int reps, double *gbs);
+int mla_gemm_rate(int dev, int n, int reps, double *tflops);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
