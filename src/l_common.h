@@ -50,6 +50,7 @@ int mla_check_cache_view(lua_State *L, const mla_layout_desc *d, int tensor_idx,
 /* Module registration: each l_*.c adds its functions to the table on top. */
 void mla_open_tensor(lua_State *L);
 void mla_open_device(lua_State *L);
+void mla_open_process(lua_State *L);
 void mla_open_timing(lua_State *L);
 void mla_open_compare(lua_State *L);
 

@@ -7,6 +7,7 @@ int luaopen_mlalab_core(lua_State *L) {
   lua_pushstring(L, MLALAB_VERSION), lua_setfield(L, -2, "version");
   mla_open_tensor(L);
   mla_open_device(L);
+  mla_open_process(L);
   mla_open_timing(L);
   mla_open_compare(L);
   return 1;
