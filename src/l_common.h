@@ -51,6 +51,7 @@ int mla_check_cache_view(lua_State *L, const mla_layout_desc *d, int tensor_idx,
 void mla_open_tensor(lua_State *L);
 void mla_open_device(lua_State *L);
 void mla_open_process(lua_State *L);
+void mla_open_bytes(lua_State *L);
 void mla_open_timing(lua_State *L);
 void mla_open_compare(lua_State *L);
 

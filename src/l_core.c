@@ -8,6 +8,7 @@ int luaopen_mlalab_core(lua_State *L) {
   mla_open_tensor(L);
   mla_open_device(L);
   mla_open_process(L);
+  mla_open_bytes(L);
   mla_open_timing(L);
   mla_open_compare(L);
   return 1;

@@ -3,6 +3,8 @@
 #include <string.h>
 
 #include "l_common.h"
+#include "device.h"
+#include "kernels/debug_kernels.h"
 #include "process.h"
 
 static const char **string_list(lua_State *L, int idx, const char *what) {
@@ -48,7 +50,24 @@ static int l_spawn(lua_State *L) {
   return 1;
 }
 
+/* core.debug_kernel("oob_store" | "trap" | "spin", buffer_tensor): launch a
+ * kernel that fails on purpose (tests of isolation and fault reports). */
+static int l_debug_kernel(lua_State *L) {
+  static const char *const kinds[] = {"oob_store", "trap", "spin", NULL};
+  static const char *const names[] = {"mla_debug_oob_store", "mla_debug_trap", "mla_debug_spin"};
+  int kind = luaL_checkoption(L, 1, NULL, kinds);
+  mla_tensor *t = mla_check_tensor(L, 2);
+  int dev = mla_tensor_device(t);
+  if (dev == MLA_CPU) return luaL_error(L, "debug_kernel: the buffer must be on a CUDA device");
+  void *p;
+  if (mla_tensor_data(t, &p)) return mla_lua_error(L);
+  cudaStream_t s = mla_device_stream(dev);
+  if (!s || mla_cuda_check(mla_debug_launch(kind, p, s), names[kind])) return mla_lua_error(L);
+  if (mla_launch_check(dev, names[kind])) return mla_lua_error(L);
+  return 0;
+}
+
 void mla_open_process(lua_State *L) {
-  static const luaL_Reg fns[] = {{"spawn", l_spawn}, {NULL, NULL}};
+  static const luaL_Reg fns[] = {{"spawn", l_spawn}, {"debug_kernel", l_debug_kernel}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
 }
