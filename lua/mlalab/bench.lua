@@ -1,0 +1,363 @@
+--- Timing that a verdict can rest on: `mla.bench(fn, opts)` measures fn the
+-- way NVBench measures a kernel, `mla.ab(a, b)` says whether b is faster
+-- than a from the two sample distributions.
+--
+-- Modes (GPU; fn must launch its work on mlalab's device stream, as every
+-- mlalab operation does, and must not wait on it):
+--   cold   one call per sample: L2 flush, then the call queued behind a
+--          blocking kernel (no launch gap, no idle-stream bias), timed by an
+--          event pair. The default.
+--   hot    a batch of back-to-back calls per sample (warm L2), time / calls.
+--   graph  `graph_calls` calls captured once into a CUDA graph; each sample
+--          replays the graph behind the blocker: host overhead gone, for
+--          kernels of a few microseconds.
+-- On the cpu device every mode times fn with the monotonic clock, so the
+-- same script runs in CI.
+-- Stopping rule (NVBench's stdrel): at least min_samples, then stop when the
+-- relative stdev is under max_noise and the measured time exceeds min_time,
+-- or when the noise estimate has plateaued; never past max_time of wall time.
+-- Samples taken while the SM clock is under `throttle` x the default clock
+-- are dropped, with NVBench's back-off.
+local mla = require "mlalab"
+local core = mla.core
+local S = require "mlalab.bench_stats"
+
+local M = {}
+M.stats = S
+
+M.defaults = {
+  mode = "cold", warmup = 1, min_samples = 10, max_noise = 0.005, min_time = 0.5, max_time = 15,
+  max_samples = math.huge, plateau = true, blocking = true, block_timeout = 5, sync = false,
+  throttle = 0.75, throttle_delay = 0.05, clock = "nvml", skip_time = 0, batch_time = 0.01, batch_min = 4,
+  batch_max = 256, reference = true,
+}
+local FLUSH_DEFAULT = { cold = true, hot = false, graph = false }
+
+local function options(opts)
+  local o = {}
+  for k, v in pairs(M.defaults) do o[k] = v end
+  for k, v in pairs(opts or {}) do o[k] = v end
+  if not FLUSH_DEFAULT[o.mode] then error("bench: mode must be 'cold', 'hot' or 'graph' (got " .. tostring(o.mode) .. ")", 3) end
+  if o.flush == nil then o.flush = FLUSH_DEFAULT[o.mode] end
+  for _, k in ipairs { "min_samples", "max_noise", "min_time", "max_time", "throttle", "batch_time" } do
+    if type(o[k]) ~= "number" or o[k] < 0 then error("bench: " .. k .. " must be a non-negative number", 3) end
+  end
+  if o.clock ~= "nvml" and o.clock ~= "stamps" and o.clock ~= "none" then
+    error("bench: clock must be 'nvml', 'stamps' or 'none'", 3)
+  end
+  o.device = o.device or mla.device()
+  return o
+end
+
+-- Reference rates, measured once per process and device ------------------------
+
+local ref_cache = { memcpy = {}, gemm = {} }
+
+--- GB/s of cudaMemcpy device to device (bytes read + written) on this device.
+function M.memcpy_bandwidth(dev)
+  dev = dev or mla.device()
+  if dev == "cpu" then return nil end
+  if not ref_cache.memcpy[dev] then ref_cache.memcpy[dev] = core.memcpy_bandwidth(dev, 1 << 30, 20) end
+  return ref_cache.memcpy[dev]
+end
+
+--- TFLOPS of a cuBLAS bf16 GEMM 8192^3 (fp32 accumulation) on this device.
+function M.gemm_rate(dev)
+  dev = dev or mla.device()
+  if dev == "cpu" then return nil end
+  if not ref_cache.gemm[dev] then ref_cache.gemm[dev] = core.gemm_rate(dev, 8192, 20) end
+  return ref_cache.gemm[dev]
+end
+
+-- Samplers: each returns (seconds per call, SM MHz or nil) --------------------
+
+local function cpu_sampler(fn, calls)
+  return function()
+    local t0 = core.clock()
+    for _ = 1, calls do fn() end
+    return (core.clock() - t0) / calls, nil
+  end
+end
+
+local function guarded(dev, f, ...)
+  local ok, err = pcall(f, ...)
+  if not ok then
+    core.timing_abort(dev)
+    error(err, 0)
+  end
+end
+
+local function gpu_sample(o, clock, launch, calls, block)
+  local dev = o.device
+  core.timing_begin(dev, { flush = o.flush, block = block, clock = clock, block_timeout = o.block_timeout })
+  guarded(dev, launch)
+  local s = core.timing_end(dev)
+  if s.block_timed_out then
+    error("bench: the blocking kernel released itself after " .. o.block_timeout .. " s: the function waited on "
+      .. "the GPU (a sync, a copy to the host, t:get()) while the stream was blocked; pass sync=true, or move "
+      .. "that work out of the timed function", 0)
+  end
+  return s.gpu_s / calls, s.sm_mhz
+end
+
+local function cold_sampler(o, clock, fn)
+  local block = o.blocking and not o.sync
+  return function() return gpu_sample(o, clock, fn, 1, block) end
+end
+
+local function hot_sampler(o, clock, fn, calls)
+  local function batch() for _ = 1, calls do fn() end end
+  local block = o.blocking and not o.sync and calls <= o.batch_max
+  return function() return gpu_sample(o, clock, batch, calls, block) end
+end
+
+--- Captures `calls` calls of fn into a graph; refuses captures that allocated
+-- (the graph would keep pointers into memory the allocator hands out again).
+local function capture(o, fn, calls)
+  local dev = o.device
+  local before = core.alloc_stats(dev)
+  core.graph_begin(dev)
+  local ok, err = pcall(function() for _ = 1, calls do fn() end end)
+  if not ok then
+    core.graph_abort(dev)
+    error("bench: graph capture failed inside the function: " .. tostring(err), 0)
+  end
+  local g = core.graph_end(dev)
+  local after = core.alloc_stats(dev)
+  if after.n_malloc ~= before.n_malloc or after.n_hits ~= before.n_hits then
+    g:close()
+    error("bench: the function allocated device memory during graph capture; allocate outputs outside it", 0)
+  end
+  if g:nodes() == 0 then
+    g:close()
+    error("bench: graph capture recorded no work: the function launched nothing on mlalab's device stream", 0)
+  end
+  return g
+end
+
+-- The measurement loop ----------------------------------------------------------
+
+local Result = {}
+Result.__index = Result
+M.Result = Result
+
+local function calls_for(o, est)
+  if est <= 0 then return o.batch_max end
+  return math.max(o.batch_min, math.min(o.batch_max, math.ceil(o.batch_time / est)))
+end
+
+local function run_loop(o, sample, res)
+  local crit = S.stdrel(o)
+  local default_mhz = res.default_mhz
+  local delay, drops_in_row = o.throttle_delay, 0
+  local t_start = core.clock()
+  local clocks = {}
+  while true do
+    local t, mhz = sample()
+    if mhz and default_mhz and mhz < o.throttle * default_mhz then
+      -- NVBench: drop the sample, cool down, lengthen the pause when it keeps happening
+      res.dropped = res.dropped + 1
+      if drops_in_row > 2 then delay = delay + math.min(delay * 1.5, 0.5) end
+      drops_in_row = drops_in_row + 1
+      if o.log ~= false then
+        io.stderr:write(string.format("bench: %s: SM clock %.0f MHz < %.0f%% of %.0f MHz, sample dropped, pausing %.3f s\n",
+          res.name, mhz, 100 * o.throttle, default_mhz, delay))
+      end
+      core.sleep(delay)
+    else
+      drops_in_row = 0
+      res.samples[#res.samples + 1] = t
+      if mhz then clocks[#clocks + 1] = mhz end
+      crit:add(t)
+    end
+    local wall = core.clock() - t_start
+    if #res.samples >= o.min_samples then
+      local done, why = crit:finished()
+      if done then res.stop = why break end
+    end
+    if #res.samples >= o.max_samples then res.stop = "max_samples" break end
+    if wall > o.max_time then res.stop = "max_time" break end
+  end
+  res.wall = core.clock() - t_start
+  if #clocks > 0 then res.clock_mhz = S.mean(clocks) end
+end
+
+local function summarize(res, o)
+  local s = res.samples
+  res.n = #s
+  if res.n == 0 then return end
+  local st = S.summary(s)
+  for k, v in pairs(st) do res[k] = v end
+  res.total = st.mean * res.n
+  local t = res.median
+  local flags = {}
+  if o.bytes then
+    res.bytes = o.bytes
+    res.gbs = o.bytes / t / 1e9
+    if res.peak_gbs then res.bw_util = res.gbs / res.peak_gbs end
+    if res.memcpy_gbs then res.memcpy_frac = res.gbs / res.memcpy_gbs end
+  end
+  if o.flops then
+    res.flops = o.flops
+    res.tflops = o.flops / t / 1e12
+    if res.gemm_tflops then res.gemm_frac = res.tflops / res.gemm_tflops end
+  end
+  if res.device ~= "cpu" and t < 10e-6 and res.mode ~= "graph" then flags[#flags + 1] = "latency-bound" end
+  if res.stop == "max_time" or res.stop == "max_samples" then
+    if not (res.noise and res.noise < o.max_noise) then flags[#flags + 1] = "not-converged" end
+  end
+  if res.noise and res.noise > 0.05 then flags[#flags + 1] = "noisy" end
+  if res.dropped > 0 then flags[#flags + 1] = "throttled:" .. res.dropped end
+  res.flags = flags
+end
+
+--- mla.bench(fn, opts) -> result (prints as one row; keeps its samples).
+-- opts: name, device, mode, bytes, flops (declared per call), warmup=1,
+-- min_samples=10, max_noise=0.005, min_time=0.5, max_time=15, max_samples,
+-- plateau=true, flush (cold: true), blocking=true, sync=false,
+-- block_timeout=5, throttle=0.75, throttle_delay=0.05, clock="nvml"|"stamps"|"none",
+-- skip_time=0, batch_time=0.01, batch_min=4, batch_max=256 (hot), graph_calls,
+-- reference=true (measure memcpy / GEMM rates for the fractions), setup (untimed,
+-- before every sample), verbose, log=true (throttle messages on stderr).
+function M.bench(fn, opts)
+  if type(fn) ~= "function" then error("bench: a function expected", 2) end
+  local o = options(opts)
+  local res = setmetatable({ name = o.name or "bench", device = o.device, mode = o.mode, samples = {}, dropped = 0,
+    calls = 1, opts = o }, Result)
+  local gpu = o.device ~= "cpu"
+  local clock = o.clock
+  if gpu then
+    local info = core.timing_info(o.device)
+    res.default_mhz, res.l2_bytes = info.default_sm_mhz, info.l2_bytes
+    if clock == "nvml" and not info.nvml then clock = "stamps" end
+    res.clock_source = clock
+    res.peak_gbs = core.device_props(o.device).peak_dram_gbs
+    if o.reference and o.bytes then res.memcpy_gbs = M.memcpy_bandwidth(o.device) end
+    if o.reference and o.flops then res.gemm_tflops = M.gemm_rate(o.device) end
+    -- load the harness kernels once so the first sample pays no module load
+    core.timing_begin(o.device, { flush = false, block = true, clock = clock })
+    core.timing_end(o.device)
+  end
+  if clock == "none" then clock = nil end
+
+  -- warm-up: also the estimate that sizes batches and graphs
+  local est = 0
+  for _ = 1, math.max(1, o.warmup) do
+    if gpu then
+      est = gpu_sample({ device = o.device, flush = o.flush, block_timeout = o.block_timeout }, "none", fn, 1, false)
+    else
+      est = cpu_sampler(fn, 1)()
+    end
+  end
+  res.warmup_s = est
+  if o.skip_time > 0 and est < o.skip_time then
+    res.skipped, res.stop, res.n, res.flags = true, "skipped", 0, { "skipped" }
+    return res
+  end
+
+  local sample
+  if not gpu then
+    res.calls = o.mode == "cold" and 1 or (o.graph_calls or calls_for(o, est))
+    sample = cpu_sampler(fn, res.calls)
+  elseif o.mode == "cold" then
+    sample = cold_sampler(o, clock, fn)
+  elseif o.mode == "hot" then
+    res.calls = calls_for(o, est)
+    sample = hot_sampler(o, clock, fn, res.calls)
+  else
+    res.calls = o.graph_calls or calls_for(o, est)
+    local g = capture(o, fn, res.calls)
+    res.graph_nodes = g:nodes()
+    local launch = function() g:launch() end
+    gpu_sample({ device = o.device, flush = false, block_timeout = o.block_timeout }, "none", launch, 1, false)
+    local block = o.blocking and not o.sync
+    sample = function() return gpu_sample(o, clock, launch, res.calls, block) end
+    res._graph = g
+  end
+  if o.setup then -- untimed, before every sample
+    local inner, setup = sample, o.setup
+    sample = function()
+      setup()
+      return inner()
+    end
+  end
+  run_loop(o, sample, res)
+  if res._graph then res._graph:close() res._graph = nil end
+  summarize(res, o)
+  if o.verbose then print(res:row()) end
+  return res
+end
+
+-- Reporting ------------------------------------------------------------------------
+
+local function fmt_time(s)
+  if s == nil then return "-" end
+  if s < 1e-3 then return string.format("%.2f us", s * 1e6) end
+  if s < 1 then return string.format("%.3f ms", s * 1e3) end
+  return string.format("%.3f s", s)
+end
+M.fmt_time = fmt_time
+
+local function pct(f) return f and string.format("%.1f%%", 100 * f) or "-" end
+
+local COLS = { { "case", 26 }, { "mode", 5 }, { "median", 11 }, { "min", 11 }, { "max", 11 }, { "noise", 7 },
+  { "samples", 7 }, { "GB/s", 8 }, { "%peak", 6 }, { "%memcpy", 7 }, { "TFLOPS", 7 }, { "%gemm", 6 }, { "flags", 20 } }
+
+local function pad(s, w)
+  s = tostring(s)
+  if #s > w then return s:sub(1, w - 1) .. "~" end
+  return s .. string.rep(" ", w - #s)
+end
+
+function M.header()
+  local p = {}
+  for _, c in ipairs(COLS) do p[#p + 1] = pad(c[1], c[2]) end
+  return table.concat(p, " ")
+end
+
+function Result:cells()
+  return {
+    self.name, self.mode, fmt_time(self.median), fmt_time(self.min), fmt_time(self.max), pct(self.noise),
+    self.n or 0, self.gbs and string.format("%.1f", self.gbs) or "-", pct(self.bw_util), pct(self.memcpy_frac),
+    self.tflops and string.format("%.2f", self.tflops) or "-", pct(self.gemm_frac), table.concat(self.flags or {}, ","),
+  }
+end
+
+function Result:row()
+  local p, cells = {}, self:cells()
+  for i, c in ipairs(COLS) do p[#p + 1] = pad(cells[i], c[2]) end
+  return table.concat(p, " ")
+end
+Result.__tostring = Result.row
+
+--- Everything but the samples and options: what goes into JSON lines.
+function Result:summary()
+  local out = {}
+  for _, k in ipairs { "name", "device", "mode", "n", "median", "min", "max", "mean", "stdev", "noise", "q1", "q3",
+    "total", "wall", "dropped", "calls", "stop", "clock_mhz", "default_mhz", "clock_source", "bytes", "flops", "gbs",
+    "tflops", "peak_gbs", "bw_util", "memcpy_gbs", "memcpy_frac", "gemm_tflops", "gemm_frac", "warmup_s", "skipped" } do
+    out[k] = self[k]
+  end
+  out.flags = self.flags and table.concat(self.flags, ",") or nil
+  return out
+end
+
+function M.table(results, out)
+  out = out or io.stdout
+  out:write(M.header(), "\n")
+  for _, r in ipairs(results) do out:write(r:row(), "\n") end
+end
+
+-- A/B ---------------------------------------------------------------------------------
+
+--- mla.ab(a, b, opts): is b faster than a? From the samples of two results
+-- (or two arrays of times). Verdict "faster" / "slower" / "same" / "unclear":
+-- the ratio median(b)/median(a) with a distribution-free interval (order
+-- statistics of each median) must clear the `threshold` (default 0.5%, NVBench's
+-- clear gap) and the Mann-Whitney test must agree (p < alpha, default 0.01);
+-- "same" needs the whole interval inside +-threshold.
+function M.ab(a, b, opts)
+  return S.ab(a, b, opts)
+end
+
+return M
