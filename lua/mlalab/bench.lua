@@ -202,7 +202,7 @@ local function summarize(res, o)
     res.tflops = o.flops / t / 1e12
     if res.gemm_tflops then res.gemm_frac = res.tflops / res.gemm_tflops end
   end
-  if res.device ~= "cpu" and t < 10e-6 and res.mode ~= "graph" then flags[#flags + 1] = "latency-bound" end
+  if res.device ~= "cpu" and t < 10e-6 and (res.mode == "cold" or res.mode == "hot") then flags[#flags + 1] = "latency-bound" end
   if res.stop == "max_time" or res.stop == "max_samples" then
     if not (res.noise and res.noise < o.max_noise) then flags[#flags + 1] = "not-converged" end
   end
@@ -285,6 +285,19 @@ function M.bench(fn, opts)
   if res._graph then res._graph:close() res._graph = nil end
   summarize(res, o)
   if o.verbose then print(res:row()) end
+  return res
+end
+
+--- mla.bench_mod.measure(sample, opts): the stopping rule and the throttle
+-- guard around any sampler returning (seconds, SM MHz or nil), e.g. a timer
+-- of your own; opts.default_mhz turns the guard on.
+function M.measure(sample, opts)
+  if type(sample) ~= "function" then error("measure: a sampler function expected", 2) end
+  local o = options(opts)
+  local res = setmetatable({ name = o.name or "measure", device = o.device, mode = "custom", samples = {}, dropped = 0,
+    calls = 1, default_mhz = o.default_mhz, opts = o }, Result)
+  run_loop(o, sample, res)
+  summarize(res, o)
   return res
 end
 

@@ -96,12 +96,12 @@ local function flatten_into(m, order, prefix, v)
   local p = prefix == "" and "" or prefix .. "_"
   if scalar(v) then
     put(prefix == "" and "value" or prefix, v)
-  elseif type(v) == "table" and v.samples and v.summary then -- a bench result
-    local s = v:summary()
+  elseif type(v) == "table" and v.samples and v.median ~= nil then -- a bench result (or its plain copy)
+    local s = v.summary and v:summary() or v
     s.samples = s.n
     if s.flags == "" then s.flags = nil end
     for _, f in ipairs(BENCH_FIELDS) do put(p .. f, s[f]) end
-  elseif type(v) == "table" and v.verdict and v.reasons then -- a compare result
+  elseif type(v) == "table" and v.verdict and v.reasons then -- a compare result (or its plain copy)
     put(p .. "verdict", v.verdict)
     put(p .. "max_abs", v.max_abs)
     put(p .. "max_rel", v.max_rel)
@@ -183,8 +183,8 @@ Sweep.__index = Sweep
 
 --- Column order: case, parameters (declared order), status, metrics (first seen), error.
 function Sweep:columns()
-  if self._cols then return self._cols end
-  local cols, seen = { "case" }, { case = true, status = true, error = true, index = true, elapsed = true }
+  local cols, seen = { "case" }, { case = true, status = true, error = true, index = true, elapsed = true,
+    kernel = true, cuda_error = true }
   for _, k in ipairs(self.param_names) do cols[#cols + 1] = k seen[k] = true end
   cols[#cols + 1] = "status"
   for _, r in ipairs(self.records) do
@@ -192,8 +192,7 @@ function Sweep:columns()
       if not seen[k] then cols[#cols + 1] = k seen[k] = true end
     end
   end
-  cols[#cols + 1] = "elapsed"
-  cols[#cols + 1] = "error"
+  for _, k in ipairs { "elapsed", "error", "kernel", "cuda_error" } do cols[#cols + 1] = k end
   return cols
 end
 
@@ -235,8 +234,8 @@ function Sweep:table(out, cols)
     line(vals)
   end
   local bad = 0
-  for _, r in ipairs(self.records) do if r.status ~= "ok" then bad = bad + 1 end end
-  out:write(string.format("%d points: %d ok, %d not ok\n", #self.records, #self.records - bad, bad))
+  for _, r in ipairs(self.records) do if r.status ~= "OK" then bad = bad + 1 end end
+  out:write(string.format("%d points: %d OK, %d not OK\n", #self.records, #self.records - bad, bad))
 end
 
 local function csv_cell(v)
@@ -289,7 +288,7 @@ function Sweep:plot(o)
   for k, v in pairs(o) do p[k] = v end
   p.records = {}
   for _, r in ipairs(self.records) do
-    if r.status == "ok" then p.records[#p.records + 1] = r end
+    if r.status == "OK" then p.records[#p.records + 1] = r end
   end
   p.title = p.title or (self.name .. ": " .. p.y .. " vs " .. p.x)
   return plot.svg(p)
@@ -302,11 +301,22 @@ local function ensure_dir(path)
   if dir and dir ~= "" then os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'") end
 end
 
---- The default runner: in this process, errors recorded as status "error".
+--- The default runner: in this process, errors recorded as status "ERROR".
 local function in_process(run, p)
   local ok, v = pcall(run, p)
-  if ok then return "ok", v end
-  return "error", v
+  if ok then return "OK", v end
+  return "ERROR", v
+end
+
+--- Each point in a child process (mlalab.isolate): a faulting or hanging
+-- kernel costs one point, recorded as FAULT / TIMEOUT / OOM / CRASH.
+local function isolated(iso_opts)
+  local iso = mla.isolate_mod or error("sweep: isolate needs mlalab.isolate", 0)
+  return function(run, p)
+    local r = iso.run(run, { p }, iso_opts)
+    if r.status == "OK" then return "OK", r.value and r.value[1] end
+    return r.status, r.error, { kernel = r.kernel, cuda_error = r.cuda_error }
+  end
 end
 
 local function is_fatal(msg)
@@ -317,8 +327,9 @@ end
 --- mla.sweep{...} -> result with :table(), :write_csv(), :write_json(), :plot(), :column().
 -- Options: name, params | points, order, filter(p), run(p), jsonl, csv, json,
 -- plot (one table or a list), progress (default: on a terminal), table=true,
--- resume (skip points already ok in the jsonl file), on_error="record"|"raise",
--- runner(run, p) -> status, value (e.g. an isolating runner, issue 9),
+-- resume (skip points already OK in the jsonl file), on_error="record"|"raise",
+-- isolate (true or mlalab.isolate options: every point in a child process),
+-- runner(run, p) -> status ("OK" or a failure class), value or message, extra fields,
 -- out (stream for table and progress lines).
 function M.sweep(o)
   if type(o) ~= "table" or type(o.run) ~= "function" then error("sweep: {params=, run=function(p) ... end} expected", 2) end
@@ -355,7 +366,7 @@ function M.sweep(o)
     if f then
       f:close()
       for _, r in ipairs(json.read_lines(o.jsonl)) do
-        if r.status == "ok" and r.case then
+        if r.status == "OK" and r.case then
           done[r.case] = r
         end
       end
@@ -369,7 +380,7 @@ function M.sweep(o)
   local tty = o.progress
   if tty == nil then tty = stderr_is_tty() end
   local prog = o.progress ~= false and progress(#points, tty, o.progress_out) or nil
-  local runner = o.runner or in_process
+  local runner = o.runner or (o.isolate and isolated(type(o.isolate) == "table" and o.isolate or nil)) or in_process
 
   local function finish_outputs()
     if jf then jf:close() jf = nil end
@@ -389,14 +400,15 @@ function M.sweep(o)
       rec.resumed = true
     else
       local t0 = mla.core.clock()
-      local status, v = runner(o.run, p)
+      local status, v, extra = runner(o.run, p)
       rec = { case = id, index = i, status = status, elapsed = mla.core.clock() - t0 }
+      for k, x in pairs(extra or {}) do rec[k] = x end
       for _, k in ipairs(names) do rec[k] = p[k] end
       local order = {}
-      if status == "ok" then
+      if status == "OK" then
         local okm, m, mo = pcall(metrics_of, v)
         if not okm then
-          rec.status, rec.error = "error", tostring(m)
+          rec.status, rec.error = "ERROR", tostring(m)
         else
           for _, k in ipairs(mo) do
             local key = k
@@ -421,7 +433,7 @@ function M.sweep(o)
         jf:write(json.encode(clean(rec), cols), "\n")
         jf:flush() -- one line per point, on disk before the next point starts
       end
-      if status ~= "ok" and (o.on_error == "raise" or is_fatal(rec.error)) then
+      if status ~= "OK" and (o.on_error == "raise" or is_fatal(rec.error)) then
         res.records[#res.records + 1] = rec
         if prog then prog:finish() end
         finish_outputs()
