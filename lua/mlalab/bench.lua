@@ -37,7 +37,7 @@ local function options(opts)
   local o = {}
   for k, v in pairs(M.defaults) do o[k] = v end
   for k, v in pairs(opts or {}) do o[k] = v end
-  if not FLUSH_DEFAULT[o.mode] then error("bench: mode must be 'cold', 'hot' or 'graph' (got " .. tostring(o.mode) .. ")", 3) end
+  if FLUSH_DEFAULT[o.mode] == nil then error("bench: mode must be 'cold', 'hot' or 'graph' (got " .. tostring(o.mode) .. ")", 3) end
   if o.flush == nil then o.flush = FLUSH_DEFAULT[o.mode] end
   for _, k in ipairs { "min_samples", "max_noise", "min_time", "max_time", "throttle", "batch_time" } do
     if type(o[k]) ~= "number" or o[k] < 0 then error("bench: " .. k .. " must be a non-negative number", 3) end

@@ -1,0 +1,244 @@
+local mla = require "mlalab"
+local S = require "support"
+local B = mla.bench_mod
+
+local function spin(seconds)
+  return function()
+    local t0 = mla.core.clock()
+    while mla.core.clock() - t0 < seconds do end
+  end
+end
+
+local function fake_sampler(times, clocks)
+  local i = 0
+  return function()
+    i = i + 1
+    return times[(i - 1) % #times + 1], clocks and clocks[i]
+  end
+end
+
+describe("bench on the cpu", function()
+  it("takes at least min_samples before any stop test", function()
+    local r = mla.bench(spin(1e-4), { device = "cpu", min_samples = 10, min_time = 0, max_noise = 1 })
+    assert.equal(10, r.n)
+    assert.equal("converged", r.stop)
+  end)
+
+  it("keeps measuring until min_time of measured time has accumulated", function()
+    local r = mla.bench(spin(2e-4), { device = "cpu", min_time = 0.05, max_noise = 1 })
+    assert.is_true(r.total > 0.05, "total " .. r.total)
+    assert.equal("converged", r.stop)
+  end)
+
+  it("stops at the wall-clock cap when the noise never converges", function()
+    local t0 = mla.core.clock()
+    local r = mla.bench(spin(1e-4), { device = "cpu", max_noise = 0, min_time = 0, max_time = 0.2, plateau = false })
+    local wall = mla.core.clock() - t0
+    assert.equal("max_time", r.stop)
+    assert.is_true(wall >= 0.2 and wall < 0.6, "wall " .. wall)
+    assert.truthy(table.concat(r.flags, ","):find("not-converged", 1, true))
+  end)
+
+  it("honours max_samples", function()
+    local r = mla.bench(spin(1e-5), { device = "cpu", max_noise = 0, min_time = 0, max_samples = 37, plateau = false })
+    assert.equal(37, r.n)
+    assert.equal("max_samples", r.stop)
+  end)
+
+  it("reports median, min, max, mean and noise from the samples it keeps", function()
+    local r = mla.bench(spin(1e-4), { device = "cpu", min_time = 0.01, max_noise = 1 })
+    assert.equal(r.n, #r.samples)
+    assert.is_true(r.min <= r.median and r.median <= r.max)
+    assert.is_true(r.min <= r.mean and r.mean <= r.max)
+    assert.near(r.stdev / r.mean, r.noise, 1e-12)
+    assert.is_true(r.median >= 1e-4)
+  end)
+
+  it("derives GB/s (1e9) and TFLOPS from the declared bytes and flops", function()
+    local r = mla.bench(spin(1e-4), { device = "cpu", min_time = 0, max_noise = 1, bytes = 1e6, flops = 1e9 })
+    assert.near(1e6 / r.median / 1e9, r.gbs, 1e-9)
+    assert.near(1e9 / r.median / 1e12, r.tflops, 1e-9)
+  end)
+
+  it("runs setup before every sample without timing it", function()
+    local calls = 0
+    local r = mla.bench(function() end, { device = "cpu", min_time = 0, max_noise = 1, max_samples = 12,
+      setup = function() calls = calls + 1 spin(2e-3)() end })
+    assert.equal(r.n, calls)
+    assert.is_true(r.median < 1e-3, "median " .. r.median)
+  end)
+
+  it("times batches in hot mode and divides by the calls per sample", function()
+    local r = mla.bench(spin(1e-4), { device = "cpu", mode = "hot", batch_time = 2e-3, min_time = 0, max_noise = 1 })
+    assert.is_true(r.calls >= 4)
+    assert.is_true(r.median >= 1e-4 and r.median < 1e-3, "median " .. r.median)
+  end)
+
+  it("skips kernels shorter than skip_time", function()
+    local r = mla.bench(function() end, { device = "cpu", skip_time = 1 })
+    assert.is_true(r.skipped)
+    assert.equal(0, r.n)
+  end)
+
+  it("prints as one row and summarizes without its samples", function()
+    local r = mla.bench(spin(1e-4), { name = "spin", device = "cpu", min_time = 0, max_noise = 1 })
+    local row = tostring(r)
+    assert.is_nil(row:find("\n"))
+    assert.truthy(row:find("spin", 1, true))
+    local s = r:summary()
+    assert.is_nil(s.samples)
+    assert.equal(r.median, s.median)
+  end)
+
+  it("rejects bad options", function()
+    S.assert_error_contains(function() mla.bench(function() end, { mode = "warm" }) end, "mode must be")
+    S.assert_error_contains(function() mla.bench(function() end, { max_noise = -1 }) end, "max_noise")
+    S.assert_error_contains(function() mla.bench(42) end, "a function expected")
+  end)
+end)
+
+describe("bench stopping criterion and throttle guard", function()
+  it("stops on a noise plateau when the target noise is out of reach", function()
+    local times = {}
+    for i = 1, 100 do times[i] = 1e-3 * (1 + 0.05 * math.sin(i)) end -- ~3.5 % noise forever
+    local r = B.measure(fake_sampler(times), { max_noise = 0.001, min_time = 0, max_time = 30 })
+    assert.equal("plateau", r.stop)
+    assert.is_true(r.n > 64)
+  end)
+
+  it("drops samples taken under 75% of the default SM clock and backs off", function()
+    local clocks = { 1000, 1000, 1000, 1000, 1000 }
+    for i = 6, 40 do clocks[i] = 1900 end
+    local t0 = mla.core.clock()
+    local r = B.measure(fake_sampler({ 1e-3 }, clocks), { default_mhz = 1980, min_time = 0, max_noise = 1,
+      throttle_delay = 0.01, log = false })
+    local wall = mla.core.clock() - t0
+    assert.equal(5, r.dropped)
+    assert.equal(10, r.n)
+    -- delays 0.01, 0.01, 0.01, then +min(1.5 d, 0.5) after more than two drops in a row: 0.025, 0.0625
+    assert.is_true(wall > 0.11, "wall " .. wall)
+    assert.near(1900, r.clock_mhz, 1e-9)
+    assert.truthy(table.concat(r.flags, ","):find("throttled:5", 1, true))
+  end)
+
+  it("keeps samples at or above the threshold", function()
+    local r = B.measure(fake_sampler({ 1e-3 }, { 1485, 1486, 1500, 1600, 1700, 1800, 1900, 1950, 1980, 1990 }),
+      { default_mhz = 1980, min_time = 0, max_noise = 1, log = false })
+    assert.equal(0, r.dropped)
+  end)
+end)
+
+describe("A/B verdicts", function()
+  local function jitter(center, n, spread, seed)
+    local out, x = {}, seed or 1
+    for i = 1, n do
+      x = (x * 1103515245 + 12345) % 2147483648
+      out[i] = center * (1 + spread * (x / 2147483648 - 0.5))
+    end
+    return out
+  end
+
+  it("calls b faster when its whole interval is below a by more than the threshold", function()
+    local v = mla.ab({ samples = jitter(100, 200, 0.02, 1), name = "base" }, { samples = jitter(90, 200, 0.02, 2), name = "new" })
+    assert.equal("faster", v.verdict)
+    assert.near(0.9, v.ratio, 0.01)
+    assert.near(1 / 0.9, v.speedup, 0.02)
+    assert.truthy(tostring(v):find("^FASTER%s+new vs base"))
+  end)
+
+  it("calls b slower in the mirrored case", function()
+    assert.equal("slower", mla.ab(jitter(90, 200, 0.02, 3), jitter(100, 200, 0.02, 4)).verdict)
+  end)
+
+  it("calls two draws of one distribution the same", function()
+    local v = mla.ab(jitter(100, 2000, 0.01, 5), jitter(100, 2000, 0.01, 6))
+    assert.equal("same", v.verdict)
+    assert.is_true(v.lo >= 0.995 and v.hi <= 1.005)
+  end)
+
+  it("stays unclear when noise hides a difference", function()
+    local v = mla.ab(jitter(100, 12, 0.5, 7), jitter(97, 12, 0.5, 8))
+    assert.equal("unclear", v.verdict)
+  end)
+
+  it("stays unclear with fewer than 5 samples", function()
+    assert.equal("unclear", mla.ab({ 1, 2, 3 }, { 1, 2, 3, 4, 5, 6 }).verdict)
+  end)
+
+  it("does not trust a gap that different SM clocks explain", function()
+    local a = { samples = jitter(100, 200, 0.02, 9), clock_mhz = 1980 }
+    local b = { samples = jitter(90, 200, 0.02, 10), clock_mhz = 1980 * 100 / 90 }
+    local v = mla.ab(a, b)
+    assert.equal("unclear", v.verdict)
+    assert.truthy(tostring(v):find("not confirmed in cycles", 1, true))
+  end)
+
+  it("computes the Mann-Whitney p-value of two separated samples", function()
+    local p, pb = B.stats.mann_whitney({ 1, 2, 3, 4, 5 }, { 6, 7, 8, 9, 10 })
+    -- U = 25, mu = 12.5, sigma = sqrt(25 * 11 / 12): z = 2.611, p = 0.00902
+    assert.near(0.00902, p, 2e-5)
+    assert.equal(0, pb)
+  end)
+end)
+
+describe("bench on the GPU #gpu", function()
+  local N = 64 * 1024 * 1024 -- 64 MiB: ~45 us to copy
+  local src, dst
+
+  setup(function()
+    src = mla.random_bytes({ N }, { device = "cuda", seed = 1 })
+    dst = mla.empty({ N }, "u8", "cuda")
+  end)
+
+  local function copy() dst:copy(src) end
+
+  it("times a copy kernel cold with a sane bandwidth", function()
+    local r = mla.bench(copy, { name = "copy64M", bytes = 2 * N, max_time = 10 })
+    print("\n" .. B.header() .. "\n" .. tostring(r))
+    assert.is_true(r.n >= 10)
+    assert.is_true(r.median > 5e-6 and r.median < 5e-3, "median " .. r.median)
+    assert.is_true(r.gbs > 100 and r.bw_util < 1.05, "gbs " .. r.gbs)
+    assert.is_true(r.memcpy_frac > 0.2 and r.memcpy_frac < 1.3, "memcpy_frac " .. r.memcpy_frac)
+    assert.is_true(r.noise < 0.05, "noise " .. r.noise)
+    assert.truthy(r.clock_source == "nvml" or r.clock_source == "stamps")
+  end)
+
+  it("measures the memcpy and GEMM reference rates once per process", function()
+    local bw = B.memcpy_bandwidth()
+    assert.equal(bw, B.memcpy_bandwidth())
+    assert.is_true(bw > 100 and bw < 20000, "memcpy " .. bw)
+    local tf = B.gemm_rate()
+    assert.is_true(tf > 10 and tf < 5000, "gemm " .. tf)
+    assert.equal(tf, B.gemm_rate())
+  end)
+
+  it("runs hot and graph modes on a microsecond kernel", function()
+    local s, d = mla.random_bytes({ 1 << 20 }, { device = "cuda", seed = 2 }), mla.empty({ 1 << 20 }, "u8", "cuda")
+    local f = function() d:copy(s) end
+    local hot = mla.bench(f, { mode = "hot", max_time = 3 })
+    local graph = mla.bench(f, { mode = "graph", graph_calls = 50, max_time = 3 })
+    assert.is_true(hot.calls >= 4)
+    assert.equal(50, graph.calls)
+    assert.is_true(graph.median > 0 and graph.median < 1e-4, "graph " .. graph.median)
+  end)
+
+  it("refuses a function that waits on the GPU inside a blocked sample", function()
+    S.assert_error_contains(function()
+      mla.bench(function() copy() mla.synchronize() end, { block_timeout = 0.5, max_time = 2 })
+    end, "blocking kernel released itself")
+    -- the stream is usable afterwards
+    assert.is_true(mla.compare(dst, src).ok)
+  end)
+
+  it("refuses allocations during graph capture", function()
+    S.assert_error_contains(function()
+      mla.bench(function() src:clone() end, { mode = "graph", graph_calls = 4 })
+    end, "allocated device memory during graph capture")
+  end)
+
+  it("tells a faster kernel from a slower one on the device", function()
+    local small = mla.bench(function() dst:narrow(0, 0, N // 2):copy(src:narrow(0, 0, N // 2)) end, { name = "half", max_time = 5 })
+    local full = mla.bench(copy, { name = "full", max_time = 5 })
+    assert.equal("faster", mla.ab(full, small).verdict)
+  end)
+end)
