@@ -208,6 +208,7 @@ local function summarize(res, o)
   end
   if res.noise and res.noise > 0.05 then flags[#flags + 1] = "noisy" end
   if res.dropped > 0 then flags[#flags + 1] = "throttled:" .. res.dropped end
+  if res.sync_mode then flags[#flags + 1] = "MLALAB_SYNC:unblocked" end
   res.flags = flags
 end
 
@@ -226,6 +227,12 @@ function M.bench(fn, opts)
     calls = 1, opts = o }, Result)
   local gpu = o.device ~= "cpu"
   local clock = o.clock
+  local sync_env = os.getenv("MLALAB_SYNC")
+  if gpu and sync_env and sync_env ~= "" and sync_env ~= "0" and o.blocking then
+    -- every launch waits for its kernel: a blocked stream would never drain
+    o.blocking = false
+    res.sync_mode = true
+  end
   if gpu then
     local info = core.timing_info(o.device)
     res.default_mhz, res.l2_bytes = info.default_sm_mhz, info.l2_bytes

@@ -1,0 +1,156 @@
+--- Checks the bench harness against Nsight Compute and shows the idle-stream bias.
+--
+-- 1. Harness timings of a copy kernel (dst:copy(src), u8, contiguous) at sizes
+--    whose kernels run 20 us or more, cold (L2 flushed, queued behind the
+--    blocking kernel), written to <out>/harness_copy.jsonl, and the ncu command
+--    that times the same launches.
+-- 2. A 1 MiB copy timed cold with the blocking kernel, without it (the launch
+--    gap of an idle stream lands inside the event pair), and as a CUDA graph.
+--
+--   mlalab bench/harness_bench.lua [--out DIR] [--sizes 32,64,128,256,512]   harness timings (MiB)
+--   mlalab bench/harness_bench.lua --ncu-run [--sizes ...]                   launches for ncu to time
+--   mlalab bench/harness_bench.lua --compare-ncu ncu.csv [--out DIR]         harness vs ncu table
+local mla = require "mlalab"
+local json = require "mlalab.json"
+local B = mla.bench_mod
+
+local args = { out = "/tmp/mlalab-bench", sizes = "32,64,128,256,512", ncu_launches = 15 }
+do
+  local a = { ... }
+  local i = 1
+  while i <= #a do
+    local k = a[i]
+    if k == "--out" then args.out, i = a[i + 1], i + 1
+    elseif k == "--sizes" then args.sizes, i = a[i + 1], i + 1
+    elseif k == "--ncu-run" then args.ncu_run = true
+    elseif k == "--compare-ncu" then args.compare, i = a[i + 1], i + 1
+    elseif k == "--max-time" then args.max_time, i = tonumber(a[i + 1]), i + 1
+    else error("harness_bench: unknown argument " .. tostring(k)) end
+    i = i + 1
+  end
+end
+
+local MiB = 1 << 20
+local sizes = {}
+for s in args.sizes:gmatch("%d+") do sizes[#sizes + 1] = tonumber(s) * MiB end
+local jsonl = args.out .. "/harness_copy.jsonl"
+
+local function buffers(bytes, seed)
+  return mla.random_bytes({ bytes }, { device = "cuda", seed = seed }), mla.empty({ bytes }, "u8", "cuda")
+end
+
+-- ncu side: exactly ncu_launches copies per size, in size order ----------------------------
+
+if args.ncu_run then
+  for i, bytes in ipairs(sizes) do
+    local src, dst = buffers(bytes, i)
+    for _ = 1, args.ncu_launches do dst:copy(src) end
+    mla.synchronize()
+  end
+  return
+end
+
+-- comparison with an ncu CSV ---------------------------------------------------------------
+
+-- ncu quotes every cell; values may hold thousands separators ("12,345.6")
+local function split_csv_line(line)
+  local out, i = {}, 1
+  while i <= #line do
+    if line:sub(i, i) == '"' then
+      local j = line:find('"', i + 1, true) or #line + 1
+      out[#out + 1] = line:sub(i + 1, j - 1)
+      i = j + 2
+    else
+      local j = line:find(",", i, true) or #line + 1
+      out[#out + 1] = line:sub(i, j - 1)
+      i = j + 1
+    end
+  end
+  return out
+end
+
+local UNIT = { nsecond = 1e-9, ns = 1e-9, usecond = 1e-6, us = 1e-6, msecond = 1e-3, ms = 1e-3, second = 1, s = 1 }
+
+if args.compare then
+  local header, times = nil, {}
+  for line in io.lines(args.compare) do
+    if line:match('^"ID"') then
+      header = {}
+      for j, h in ipairs(split_csv_line(line)) do header[h] = j end
+    elseif header and line:match('^"%d') then
+      local c = split_csv_line(line)
+      if c[header["Metric Name"]] == "gpu__time_duration.sum" then
+        local v = tonumber((c[header["Metric Value"]]:gsub(",", "")))
+        local unit = UNIT[c[header["Metric Unit"]]] or error("unknown unit " .. tostring(c[header["Metric Unit"]]))
+        times[#times + 1] = v * unit
+      end
+    end
+  end
+  assert(#times == #sizes * args.ncu_launches, string.format("expected %d copy kernels in %s, found %d (same --sizes "
+    .. "as the ncu run?)", #sizes * args.ncu_launches, args.compare, #times))
+  local harness = {}
+  for _, r in ipairs(json.read_lines(jsonl)) do
+    harness[r.bytes] = { median = r.bench_median, noise = r.bench_noise }
+  end
+  print(string.format("%-10s %12s %12s %8s %8s  %s", "size", "harness", "ncu median", "diff", "noise", "verdict"))
+  local all = true
+  for i, bytes in ipairs(sizes) do
+    local t = {}
+    for j = 1, args.ncu_launches do t[j] = times[(i - 1) * args.ncu_launches + j] end
+    local ncu = B.stats.summary(t).median
+    local h = harness[bytes] or error("no harness result for " .. bytes .. " bytes in " .. jsonl)
+    local diff = h.median / ncu - 1
+    local ok = math.abs(diff) <= 0.03 and h.noise < 0.005 and ncu >= 20e-6
+    all = all and ok
+    print(string.format("%-10s %12s %12s %+7.2f%% %7.3f%%  %s", (bytes // MiB) .. " MiB", B.fmt_time(h.median),
+      B.fmt_time(ncu), 100 * diff, 100 * h.noise, ok and "PASS" or "FAIL"))
+  end
+  print(all and "harness within 3% of ncu gpu__time_duration, noise under 0.5%: PASS" or "FAIL")
+  os.exit(all and 0 or 1)
+end
+
+-- harness timings -----------------------------------------------------------------------------
+
+local props = mla.device_props()
+local info = mla.core.timing_info()
+print(string.format("device: %s (%s), L2 %d MiB, default SM clock %.0f MHz, NVML: %s", props.name, props.arch,
+  info.l2_bytes // MiB, info.default_sm_mhz, info.nvml_status))
+print(string.format("DRAM peak by formula: %.0f GB/s;  cudaMemcpy D2D measured: %.0f GB/s (read + write);  cuBLAS bf16 "
+  .. "GEMM 8192^3: %.0f TFLOPS", props.peak_dram_gbs, B.memcpy_bandwidth(), B.gemm_rate()))
+print()
+
+local res = mla.sweep {
+  name = "copy",
+  params = { { "bytes", sizes } },
+  run = function(p)
+    local src, dst = buffers(p.bytes, 7)
+    local r = mla.bench(function() dst:copy(src) end, { name = "copy " .. (p.bytes // MiB) .. " MiB", bytes = 2 * p.bytes,
+      max_time = args.max_time or 15 })
+    return { bench = r }
+  end,
+  jsonl = jsonl, csv = args.out .. "/harness_copy.csv",
+  plot = { file = args.out .. "/harness_copy.svg", x = "bytes", y = "bench_gbs", logx = true, title = "copy kernel GB/s (read + write), cold" },
+  table = false,
+}
+print(B.header())
+for _, rec in ipairs(res.records) do print(rec._value.bench:row()) end
+print()
+print("Time the same kernels with Nsight Compute (cold caches, clocks not locked, so it sees what the harness sees):")
+local exe = arg and arg[-1] or "mlalab"
+print(string.format("  ncu --clock-control none --cache-control all --kernel-name regex:copy_rows --metrics gpu__time_duration.sum "
+  .. "--csv %s bench/harness_bench.lua --ncu-run --sizes %s > %s/ncu.csv", exe, args.sizes, args.out))
+print(string.format("  %s bench/harness_bench.lua --compare-ncu %s/ncu.csv --sizes %s --out %s", exe, args.out, args.sizes,
+  args.out))
+print()
+
+-- the idle-stream bias at 1 MiB ----------------------------------------------------------------
+
+local src, dst = buffers(MiB, 9)
+local f = function() dst:copy(src) end
+local blocked = mla.bench(f, { name = "1 MiB cold, blocked", bytes = 2 * MiB, max_time = 5 })
+local idle = mla.bench(f, { name = "1 MiB cold, idle stream", bytes = 2 * MiB, blocking = false, max_time = 5 })
+local graph = mla.bench(f, { name = "1 MiB graph x100 (warm)", bytes = 2 * MiB, mode = "graph", graph_calls = 100, max_time = 5 })
+print("1 MiB copy: the blocking kernel removes the launch gap an idle stream puts inside the event pair")
+B.table({ blocked, idle, graph })
+print(string.format("idle-stream bias: %s idle vs %s blocked (%+.1f%%); verdict for blocked vs idle: %s",
+  B.fmt_time(idle.median), B.fmt_time(blocked.median), 100 * (idle.median / blocked.median - 1), mla.ab(idle, blocked).verdict))
