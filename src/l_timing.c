@@ -35,10 +35,18 @@ static int opt_bool(lua_State *L, int t, const char *k, int def) {
   return v;
 }
 
-/* core.timing_begin(dev, {flush=true, block=true, clock="nvml"|"stamps"|"none", block_timeout=5}) */
+/* core.timing_begin(dev, {flush=true|"memset"|"clean"|false, block=true, clock="nvml"|"stamps"|"none", block_timeout=5}) */
 static int l_timing_begin(lua_State *L) {
   int dev = gpu_arg(L, 1);
-  mla_timing_opts o = {opt_bool(L, 2, "flush", 1), opt_bool(L, 2, "block", 1), MLA_CLOCK_NONE, 5.0};
+  mla_timing_opts o = {MLA_FLUSH_MEMSET, opt_bool(L, 2, "block", 1), MLA_CLOCK_NONE, 5.0};
+  /* flush: true / "memset" (NVBench), "clean" (memset + read pass), false / "none" */
+  if (mla_opt_field(L, 2, "flush") == LUA_TSTRING) {
+    static const char *const kinds[] = {"none", "memset", "clean", NULL};
+    o.flush = luaL_checkoption(L, -1, NULL, kinds);
+  } else if (!lua_isnil(L, -1)) {
+    o.flush = lua_toboolean(L, -1) ? MLA_FLUSH_MEMSET : MLA_FLUSH_NONE;
+  }
+  lua_pop(L, 1);
   if (mla_opt_field(L, 2, "clock") != LUA_TNIL) {
     static const char *const names[] = {"none", "nvml", "stamps", NULL};
     o.clock = (mla_clock_source)luaL_checkoption(L, -1, NULL, names);

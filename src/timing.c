@@ -91,7 +91,8 @@ int mla_nvml_sm_clock(int dev, double *mhz) {
 
 typedef struct timing_dev {
   int ready;
-  void *l2buf;
+  void *l2buf, *l2buf2; /* memset target; read target of the clean flush */
+  uint32_t *sink;
   int64_t l2_bytes;
   int sm_count, clock_khz;
   volatile int32_t *flag_h, *tout_h; /* mapped host memory */
@@ -125,7 +126,11 @@ static timing_dev *state(int dev) {
   cudaDeviceGetAttribute(&t->clock_khz, cudaDevAttrClockRate, dev);
   t->l2_bytes = l2;
   void *h, *d;
-  if (l2 > 0 && mla_cuda_check(cudaMalloc(&t->l2buf, (size_t)l2), "cudaMalloc (L2 flush buffer)")) return NULL;
+  if (l2 > 0 && (mla_cuda_check(cudaMalloc(&t->l2buf, (size_t)l2), "cudaMalloc (L2 flush buffer)") ||
+                 mla_cuda_check(cudaMalloc(&t->l2buf2, (size_t)l2), "cudaMalloc (L2 flush buffer)") ||
+                 mla_cuda_check(cudaMemset(t->l2buf2, 0, (size_t)l2), "cudaMemset (L2 flush buffer)") ||
+                 mla_cuda_check(cudaMalloc((void **)&t->sink, 16), "cudaMalloc (L2 flush sink)")))
+    return NULL;
   if (mapped(64, &h, &d)) return NULL;
   t->flag_h = (volatile int32_t *)h, t->tout_h = (volatile int32_t *)h + 1;
   t->flag_d = (int32_t *)d, t->tout_d = (int32_t *)d + 1;
@@ -170,7 +175,12 @@ int mla_timing_begin(int dev, const mla_timing_opts *o) {
   if (t->active) return mla_err("timing: a sample is already open on cuda:%d", dev);
   cudaStream_t s = mla_device_stream(dev);
   if (!s) return -1;
-  if (o->flush && t->l2buf && mla_cuda_check(cudaMemsetAsync(t->l2buf, 0, (size_t)t->l2_bytes, s), "L2 flush")) return -1;
+  if (o->flush != MLA_FLUSH_NONE && t->l2buf &&
+      mla_cuda_check(cudaMemsetAsync(t->l2buf, 0, (size_t)t->l2_bytes, s), "L2 flush"))
+    return -1;
+  if (o->flush == MLA_FLUSH_CLEAN && t->l2buf2 &&
+      launched(dev, mla_cuda_l2_read(t->l2buf2, t->l2_bytes & ~(int64_t)15, t->sink, t->sm_count, s), "l2_read"))
+    return -1;
   if (mla_device_sync(dev)) return -1;
   t->opts = *o;
   t->cpu0 = mla_clock_now();

@@ -26,8 +26,12 @@ void mla_sleep(double seconds);
 
 typedef enum { MLA_CLOCK_NONE, MLA_CLOCK_NVML, MLA_CLOCK_STAMPS } mla_clock_source;
 
+typedef enum { MLA_FLUSH_NONE, MLA_FLUSH_MEMSET, MLA_FLUSH_CLEAN } mla_flush_kind;
+
 typedef struct mla_timing_opts {
-  int flush;             /* memset an L2-sized buffer before the sample */
+  int flush;             /* mla_flush_kind: MEMSET = NVBench's memset of an L2-sized buffer;
+                            CLEAN = that, then a read pass over a second one, so no dirty
+                            line is left in L2 for the timed work to write back */
   int block;             /* queue the work behind the blocking kernel */
   mla_clock_source clock;
   double block_timeout;  /* seconds the blocker waits before releasing itself */

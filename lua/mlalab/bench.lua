@@ -4,7 +4,9 @@
 --
 -- Modes (GPU; fn must launch its work on mlalab's device stream, as every
 -- mlalab operation does, and must not wait on it):
---   cold   one call per sample: L2 flush, then the call queued behind a
+--   cold   one call per sample: L2 flush (flush=true|"memset": NVBench's memset
+--          of an L2-sized buffer; "clean": that plus a read pass over a second
+--          buffer, so the timed work finds no dirty line to write back), then the call queued behind a
 --          blocking kernel (no launch gap, no idle-stream bias), timed by an
 --          event pair. The default.
 --   hot    a batch of back-to-back calls per sample (warm L2), time / calls.
@@ -39,6 +41,9 @@ local function options(opts)
   for k, v in pairs(opts or {}) do o[k] = v end
   if FLUSH_DEFAULT[o.mode] == nil then error("bench: mode must be 'cold', 'hot' or 'graph' (got " .. tostring(o.mode) .. ")", 3) end
   if o.flush == nil then o.flush = FLUSH_DEFAULT[o.mode] end
+  if o.flush ~= true and o.flush ~= false and o.flush ~= "memset" and o.flush ~= "clean" and o.flush ~= "none" then
+    error("bench: flush must be true, false, 'memset' or 'clean'", 3)
+  end
   for _, k in ipairs { "min_samples", "max_noise", "min_time", "max_time", "throttle", "batch_time" } do
     if type(o[k]) ~= "number" or o[k] < 0 then error("bench: " .. k .. " must be a non-negative number", 3) end
   end
@@ -215,7 +220,7 @@ end
 --- mla.bench(fn, opts) -> result (prints as one row; keeps its samples).
 -- opts: name, device, mode, bytes, flops (declared per call), warmup=1,
 -- min_samples=10, max_noise=0.005, min_time=0.5, max_time=15, max_samples,
--- plateau=true, flush (cold: true), blocking=true, sync=false,
+-- plateau=true, flush (cold: true; "memset", "clean", false), blocking=true, sync=false,
 -- block_timeout=5, throttle=0.75, throttle_delay=0.05, clock="nvml"|"stamps"|"none",
 -- skip_time=0, batch_time=0.01, batch_min=4, batch_max=256 (hot), graph_calls,
 -- reference=true (measure memcpy / GEMM rates for the fractions), setup (untimed,
