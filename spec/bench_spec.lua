@@ -94,6 +94,7 @@ describe("bench on the cpu", function()
     S.assert_error_contains(function() mla.bench(function() end, { mode = "warm" }) end, "mode must be")
     S.assert_error_contains(function() mla.bench(function() end, { max_noise = -1 }) end, "max_noise")
     S.assert_error_contains(function() mla.bench(42) end, "a function expected")
+    S.assert_error_contains(function() mla.bench(function() end, { flush = "dirty" }) end, "flush must be")
   end)
 end)
 
