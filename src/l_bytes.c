@@ -50,7 +50,7 @@ static int l_tensor_from_bytes(lua_State *L) {
   return 1;
 }
 
-void mla_open_bytes(lua_State *L) {
+MLA_LUA_MODULE(bytes) {
   static const luaL_Reg fns[] = {{"tensor_bytes", l_tensor_bytes}, {"tensor_from_bytes", l_tensor_from_bytes}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
 }

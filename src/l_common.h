@@ -47,12 +47,17 @@ const mla_layout_desc *mla_check_layout_desc(lua_State *L, int idx);
  * raises a Lua error naming what is wrong. Returns the tensor's device. */
 int mla_check_cache_view(lua_State *L, const mla_layout_desc *d, int tensor_idx, int scale_idx, mla_cache_view *v);
 
-/* Module registration: each l_*.c adds its functions to the table on top. */
-void mla_open_tensor(lua_State *L);
-void mla_open_device(lua_State *L);
-void mla_open_process(lua_State *L);
-void mla_open_bytes(lua_State *L);
-void mla_open_timing(lua_State *L);
-void mla_open_compare(lua_State *L);
+/* Module registration: each l_*.c adds its functions to the core table with
+ *   MLA_LUA_MODULE(name) { ...fill the table on top of L... }
+ * A constructor records the opener, so adding a binding file needs no edit
+ * anywhere else (CMake globs src/). Openers run in file-name order. */
+typedef void (*mla_lua_opener)(lua_State *L);
+void mla_register_opener(const char *name, mla_lua_opener fn);
+#define MLA_LUA_MODULE(name)                                                               \
+  static void mla_open_##name(lua_State *L);                                               \
+  __attribute__((constructor)) static void mla_register_##name(void) {                     \
+    mla_register_opener(#name, mla_open_##name);                                           \
+  }                                                                                        \
+  static void mla_open_##name(lua_State *L)
 
 #endif

@@ -73,7 +73,7 @@ static int l_compare(lua_State *L) {
   return 1;
 }
 
-void mla_open_compare(lua_State *L) {
+MLA_LUA_MODULE(compare) {
   static const luaL_Reg fns[] = {{"compare", l_compare}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
 }

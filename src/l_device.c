@@ -169,7 +169,7 @@ static int l_poisoned(lua_State *L) {
 
 void mla_set_requested_device(const char *name) { requested_name = name; }
 
-void mla_open_device(lua_State *L) {
+MLA_LUA_MODULE(device) {
   static const luaL_Reg fns[] = {
     {"set_default_device", l_set_default_device}, {"default_device", l_default_device},
     {"device_count", l_device_count},             {"device_status", l_device_status},

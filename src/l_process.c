@@ -67,7 +67,7 @@ static int l_debug_kernel(lua_State *L) {
   return 0;
 }
 
-void mla_open_process(lua_State *L) {
+MLA_LUA_MODULE(process) {
   static const luaL_Reg fns[] = {{"spawn", l_spawn}, {"debug_kernel", l_debug_kernel}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
 }

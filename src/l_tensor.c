@@ -617,7 +617,7 @@ static int l_dtype_info(lua_State *L) {
   return 1;
 }
 
-void mla_open_tensor(lua_State *L) {
+MLA_LUA_MODULE(tensor) {
   static const luaL_Reg methods[] = {
     {"size", l_size}, {"stride", l_stride}, {"offset", l_offset}, {"numel", l_numel}, {"dim", l_dim},
     {"is_contiguous", l_is_contiguous}, {"element_size", l_element_size}, {"nbytes", l_nbytes},

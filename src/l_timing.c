@@ -166,7 +166,7 @@ static int l_gemm_rate(lua_State *L) {
   return 1;
 }
 
-void mla_open_timing(lua_State *L) {
+MLA_LUA_MODULE(timing) {
   static const luaL_Reg graph_methods[] = {
     {"launch", l_graph_launch}, {"nodes", l_graph_nodes}, {"close", l_graph_close}, {NULL, NULL}};
   static const luaL_Reg fns[] = {

@@ -9,12 +9,20 @@ mla.version = core.version
 
 require("mlalab.tensor")(mla, core)
 
--- Submodules load on first use: `mla.layout`, `mla.cache`, `mla.compare`...
-local submodules = {
-  layout = "mlalab.layout", cache = "mlalab.cache", kernels = "mlalab.kernels", rtc = "mlalab.rtc",
-  compare_mod = "mlalab.compare", bench_mod = "mlalab.bench", backend = "mlalab.backend", npy = "mlalab.npy",
-  sweep_mod = "mlalab.sweep", isolate_mod = "mlalab.isolate", cli = "mlalab.cli",
+-- Submodules load on first use: `mla.layout` is require "mlalab.layout", and
+-- so for every file under lua/mlalab/. A few names differ from their module
+-- because the plain name is an entry point (mla.compare is a function).
+local renamed = {
+  compare_mod = "mlalab.compare", bench_mod = "mlalab.bench", sweep_mod = "mlalab.sweep",
+  isolate_mod = "mlalab.isolate",
 }
+local function module_of(k)
+  if renamed[k] then return renamed[k] end
+  if type(k) ~= "string" or not k:match("^[%a_][%w_]*$") then return nil end
+  local name = "mlalab." .. k
+  if package.loaded[name] or package.searchpath(name, package.path) then return name end
+  return nil
+end
 -- Entry points of the harness, defined here so the modules load on first call.
 local function entry(mod, fn) return function(...) return mla[mod][fn](...) end end
 mla.compare, mla.assert_close = entry("compare_mod", "compare"), entry("compare_mod", "assert_close")
@@ -24,7 +32,7 @@ mla.sweep = entry("sweep_mod", "sweep")
 
 setmetatable(mla, {
   __index = function(t, k)
-    local name = submodules[k]
+    local name = module_of(k)
     if not name then return nil end
     local m = require(name)
     rawset(t, k, m)

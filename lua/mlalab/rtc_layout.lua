@@ -1,0 +1,219 @@
+--- Layouts in JIT kernels: a header of compile-time constants generated from
+-- the same Lua description every other module uses (`L:desc(block_size)`, a
+-- table keyed by the fields of mla_layout_desc in layout_desc.h), so one
+-- kernel source serves every layout and a new layout needs no C++ edit.
+-- Kernels `#include "mla_layout.h"` and pass `mla_layout` to the accessors of
+-- mla/layout_access.cuh; with a constexpr descriptor every branch folds away.
+local core = require "mlalab.core"
+
+local M = {}
+
+M.HEADER_NAME = "mla_layout.h"
+
+-- Enumerations of layout_desc.h and dtype_ids.h, by id.
+local DTYPES = { [0] = "u8", "i8", "u16", "i16", "i32", "i64", "f16", "bf16", "f32", "f64", "e4m3", "e5m2", "ue8m0", "e2m1" }
+local ROLES = { [0] = "MLA_FIELD_DATA", "MLA_FIELD_PAD" }
+local ROLE_NAMES = { data = 0, pad = 1 }
+local SCALE_KINDS = { [0] = "MLA_SCALE_NONE", "MLA_SCALE_TENSOR", "MLA_SCALE_GROUP" }
+local SCALE_KIND_NAMES = { none = 0, tensor = 1, group = 2 }
+local POLICIES = { [0] = "MLA_POLICY_POW2", "MLA_POLICY_AMAX" }
+local POLICY_NAMES = { pow2 = 0, amax = 1 }
+local MAX_FIELDS, MAX_REGIONS = 8, 4
+M.DTYPES = DTYPES
+
+local function fail(fmt, ...) error("layout_header: " .. string.format(fmt, ...), 0) end
+
+local function int_of(v, where, lo, hi)
+  if type(v) == "boolean" then v = v and 1 or 0 end
+  local i = math.tointeger(v)
+  if not i then fail("%s must be an integer, got %s", where, v == nil and "nothing" or tostring(v)) end
+  if (lo and i < lo) or (hi and i > hi) then fail("%s = %d is out of range [%s, %s]", where, i, lo or "", hi or "") end
+  return i
+end
+
+local function enum_of(v, names, count, where)
+  if type(v) == "string" then
+    local id = names[v:lower()]
+    if not id then fail("%s: unknown value '%s'", where, v) end
+    return id
+  end
+  return int_of(v, where, 0, count - 1)
+end
+
+local function dtype_of(v, where)
+  if type(v) == "string" then
+    local ok, info = pcall(core.dtype_info, v)
+    if not ok then fail("%s: unknown dtype '%s'", where, v) end
+    return info.id
+  end
+  return int_of(v, where, 0, #DTYPES)
+end
+
+local function float_of(v, where)
+  if type(v) ~= "number" or v ~= v or v == math.huge or v == -math.huge then
+    fail("%s must be a finite number, got %s", where, tostring(v))
+  end
+  return (string.unpack("<f", string.pack("<f", v))) -- the value C stores
+end
+
+-- A float literal that reads back as exactly the same float.
+local function float_literal(x)
+  local s = string.format("%.9g", x)
+  if not s:find("[%.e]") then s = s .. ".0" end
+  return s .. "f"
+end
+
+local function list_of(t, n, where, conv)
+  local out = {}
+  if t ~= nil and type(t) ~= "table" then fail("%s must be a list", where) end
+  t = t or {}
+  if #t > n then fail("%s has %d entries, at most %d are allowed", where, #t, n) end
+  for i = 1, n do out[i] = conv(t[i] or 0, string.format("%s[%d]", where, i)) end
+  return out
+end
+
+--- Checks and normalizes a descriptor table (numbers; enums by id).
+function M.normalize(desc, block_size)
+  if type(desc) ~= "table" then fail("a layout (with :desc) or a descriptor table is expected, got a %s", type(desc)) end
+  local d = {}
+  d.dim = int_of(desc.dim, "dim", 1)
+  d.k_dims = int_of(desc.k_dims or d.dim, "k_dims", 0, d.dim)
+  d.v_dims = int_of(desc.v_dims or d.k_dims, "v_dims", 0, d.k_dims)
+  local bs = desc.block_size or block_size
+  if block_size and desc.block_size and desc.block_size ~= block_size then
+    fail("descriptor was made for block_size %d, not %d", desc.block_size, block_size)
+  end
+  d.block_size = int_of(bs, "block_size", 1)
+  if type(desc.fields) ~= "table" or #desc.fields == 0 then fail("fields must be a non-empty list") end
+  d.nfields = int_of(desc.nfields or #desc.fields, "nfields", 1, MAX_FIELDS)
+  if d.nfields ~= #desc.fields then fail("nfields = %d but %d fields are listed", d.nfields, #desc.fields) end
+  d.region_row_bytes = list_of(desc.region_row_bytes, MAX_REGIONS, "region_row_bytes", function(v, w) return int_of(v, w, 0) end)
+  d.nregions = int_of(desc.nregions or #desc.region_row_bytes, "nregions", 1, MAX_REGIONS)
+  d.region_off = list_of(desc.region_off, MAX_REGIONS, "region_off", function(v, w) return int_of(v, w, 0) end)
+  d.page_bytes = int_of(desc.page_bytes, "page_bytes", 1)
+  d.page_align = int_of(desc.page_align or 1, "page_align", 1)
+  d.token_align = int_of(desc.token_align or 1, "token_align", 1)
+  d.name = desc.name
+  d.fields = {}
+  for i, f in ipairs(desc.fields) do
+    local w = function(k) return string.format("fields[%d].%s", i, k) end
+    if type(f) ~= "table" then fail("fields[%d] must be a table", i) end
+    local role = enum_of(f.role or 0, ROLE_NAMES, 2, w "role")
+    local g = {
+      name = f.name,
+      role = role,
+      dtype = dtype_of(f.dtype or 0, w "dtype"),
+      dim_lo = int_of(f.dim_lo or 0, w "dim_lo", 0),
+      count = int_of(f.count, w "count", 1),
+      region = int_of(f.region or 0, w "region", 0, d.nregions - 1),
+      byte_off = int_of(f.byte_off, w "byte_off", 0),
+      scale_kind = enum_of(f.scale_kind or 0, SCALE_KIND_NAMES, 3, w "scale_kind"),
+      group = int_of(f.group or 0, w "group", 0),
+      scale_dtype = dtype_of(f.scale_dtype or 0, w "scale_dtype"),
+      scale_region = int_of(f.scale_region or 0, w "scale_region", 0, d.nregions - 1),
+      scale_off = int_of(f.scale_off or 0, w "scale_off", 0),
+      scale_policy = enum_of(f.scale_policy or 0, POLICY_NAMES, 2, w "scale_policy"),
+      eps_on_amax = int_of(f.eps_on_amax or 0, w "eps_on_amax", 0, 1),
+      qmax = float_of(f.qmax or 0, w "qmax"),
+      eps = float_of(f.eps or 0, w "eps"),
+      scale_min = float_of(f.scale_min or 0, w "scale_min"),
+      scale_max = float_of(f.scale_max or 0, w "scale_max"),
+    }
+    if g.scale_kind == 2 and g.group <= 0 then fail("%s must be > 0 for group scales", w "group") end
+    if g.name ~= nil and (type(g.name) ~= "string" or not g.name:match("^[%a_][%w_]*$")) then
+      fail("%s must be an identifier", w "name")
+    end
+    d.fields[i] = g
+  end
+  return d
+end
+
+local function C(v) return math.tointeger(v) and string.format("%d", v) or tostring(v) end
+local function dt(id) return "MLA_" .. DTYPES[id]:upper() end
+
+--- The header text for a layout (anything with :desc(block_size)) or a descriptor table.
+function M.header(layout, block_size)
+  local desc, name = layout, nil
+  if (type(layout) == "table" or type(layout) == "userdata") and type(layout.desc) == "function" then
+    if block_size == nil then fail("block_size is required with a layout") end
+    desc = layout:desc(block_size)
+    name = layout.name
+  end
+  local d = M.normalize(desc, block_size)
+  name = name or d.name or "custom"
+  local o = {}
+  local function add(fmt, ...) o[#o + 1] = string.format(fmt, ...) end
+  name = (tostring(name):gsub("[^%w_%-%.: ]", "_"))
+  add("/* Generated by mlalab (mla.rtc.layout_header) for layout \"%s\", block_size %d. Do not edit.", name, d.block_size)
+  add(" * Kernels read `mla_layout` (constexpr mla_layout_desc) through mla/layout_access.cuh. */")
+  add("#ifndef MLA_LAYOUT_GENERATED_H")
+  add("#define MLA_LAYOUT_GENERATED_H")
+  add("#include \"mla/layout_desc.h\"")
+  add("")
+  add("#define MLA_LAYOUT_NAME \"%s\"", (tostring(name):gsub("[^%w_%-%.: ]", "_")))
+  add("constexpr mla_layout_desc mla_layout = {")
+  add("  /* dim */ %d, /* k_dims */ %d, /* v_dims */ %d,", d.dim, d.k_dims, d.v_dims)
+  add("  /* nfields */ %d, /* nregions */ %d, /* block_size */ %d,", d.nfields, d.nregions, d.block_size)
+  add("  /* region_row_bytes */ {%s},", table.concat(d.region_row_bytes, ", "))
+  local offs = {}
+  for i, v in ipairs(d.region_off) do offs[i] = C(v) .. "LL" end
+  add("  /* region_off */ {%s},", table.concat(offs, ", "))
+  add("  /* page_bytes */ %sLL, /* page_align */ %d, /* token_align */ %d,", C(d.page_bytes), d.page_align, d.token_align)
+  add("  /* fields */ {")
+  for i, f in ipairs(d.fields) do
+    add("    /* [%d]%s */ {%s, %s, /* dim_lo */ %d, /* count */ %d, /* region */ %d, /* byte_off */ %d,", i - 1,
+      f.name and (" " .. f.name) or "", ROLES[f.role], dt(f.dtype), f.dim_lo, f.count, f.region, f.byte_off)
+    add("      %s, /* group */ %d, %s, /* scale_region */ %d, /* scale_off */ %d, %s, /* eps_on_amax */ %d,",
+      SCALE_KINDS[f.scale_kind], f.group, dt(f.scale_dtype), f.scale_region, f.scale_off, POLICIES[f.scale_policy],
+      f.eps_on_amax)
+    add("      /* qmax */ %s, /* eps */ %s, /* scale_min */ %s, /* scale_max */ %s},", float_literal(f.qmax),
+      float_literal(f.eps), float_literal(f.scale_min), float_literal(f.scale_max))
+  end
+  add("  }};")
+  add("")
+  add("/* The same numbers as plain constants, for reading and for array sizes. */")
+  add("constexpr int MLA_LAYOUT_DIM = %d, MLA_LAYOUT_K_DIMS = %d, MLA_LAYOUT_V_DIMS = %d;", d.dim, d.k_dims, d.v_dims)
+  add("constexpr int MLA_LAYOUT_BLOCK_SIZE = %d, MLA_LAYOUT_NFIELDS = %d, MLA_LAYOUT_NREGIONS = %d;", d.block_size,
+    d.nfields, d.nregions)
+  add("constexpr int MLA_LAYOUT_TOKEN_BYTES = %d; /* region 0 row */", d.region_row_bytes[1])
+  add("constexpr long long MLA_LAYOUT_PAGE_BYTES = %sLL;", C(d.page_bytes))
+  for i, f in ipairs(d.fields) do
+    if f.name then add("constexpr int MLA_LAYOUT_FIELD_%s = %d;", f.name:upper(), i - 1) end
+  end
+  add("")
+  add("#endif")
+  return table.concat(o, "\n") .. "\n"
+end
+
+--- Bytes of an mla_cache_view argument for one layer's pages:
+-- t is u8 [pages, page_bytes] (token rows of region 0 at the descriptor's row
+-- size) or [pages, block_size, row] (token stride from the tensor);
+-- opts.tensor_scale: an f32 tensor holding the per-tensor scale, or nil;
+-- opts.allow_cpu: accept a CPU tensor (to inspect the bytes).
+-- Strides come from the tensor, never from block_size x row bytes.
+function M.cache_view(t, layout, opts)
+  opts = opts or {}
+  local desc = layout
+  if type(layout) == "table" and type(layout.desc) == "function" then desc = layout:desc(opts.block_size) end
+  local d = M.normalize(desc, opts.block_size)
+  if not core.is_tensor(t) then error("cache_view: a tensor of pages is expected", 2) end
+  if not t:is_cuda() and not opts.allow_cpu then error("cache_view: pages must be a CUDA tensor (kernels read them)", 2) end
+  local es = t:element_size()
+  if t:get_dtype() ~= "u8" then error("cache_view: pages must be a u8 tensor, got " .. t:get_dtype(), 2) end
+  local nd = t:dim()
+  if nd ~= 2 and nd ~= 3 then error("cache_view: pages must be [pages, page_bytes] or [pages, block_size, row]", 2) end
+  local page_stride = t:stride(0) * es
+  local token_stride = nd == 3 and t:stride(1) * es or d.region_row_bytes[1]
+  if nd == 3 and d.nregions > 1 then error("cache_view: a [pages, block_size, row] view needs a one-region layout", 2) end
+  if page_stride < d.page_bytes and t:size(0) > 1 then
+    error(string.format("cache_view: page stride %d is below the layout's page bytes %d", page_stride, d.page_bytes), 2)
+  end
+  local scale = 0
+  if opts.tensor_scale then
+    if opts.tensor_scale:get_dtype() ~= "f32" then error("cache_view: tensor_scale must be an f32 tensor", 2) end
+    scale = opts.tensor_scale:data_ptr()
+  end
+  return string.pack("<i8i8i8i8i8", t:data_ptr(), page_stride, token_stride, t:size(0), scale)
+end
+
+return M
