@@ -1,6 +1,7 @@
 --- Checks the bench harness against Nsight Compute and shows the idle-stream bias.
 --
--- 1. Harness timings of a copy kernel (dst:copy(src), u8, contiguous) at sizes
+-- 1. Harness timings of a copy kernel (dst:copy(src), u8 rows of 4 KiB into a
+--    destination with padded rows, so it is copy_rows_kernel, not cudaMemcpy) at sizes
 --    whose kernels run 20 us or more, cold (L2 flushed, queued behind the
 --    blocking kernel), written to <out>/harness_copy.jsonl, and the ncu command
 --    that times the same launches.
@@ -35,8 +36,14 @@ local sizes = {}
 for s in args.sizes:gmatch("%d+") do sizes[#sizes + 1] = tonumber(s) * MiB end
 local jsonl = args.out .. "/harness_copy.jsonl"
 
+-- A contiguous copy is a cudaMemcpy, which ncu does not time; a padded
+-- destination row makes it our copy_rows kernel with the same bytes moved.
+local ROW = 4096
 local function buffers(bytes, seed)
-  return mla.random_bytes({ bytes }, { device = "cuda", seed = seed }), mla.empty({ bytes }, "u8", "cuda")
+  local rows = bytes // ROW
+  local src = mla.random_bytes({ rows, ROW }, { device = "cuda", seed = seed })
+  local dst = mla.empty({ rows, ROW + 128 }, "u8", "cuda"):narrow(1, 0, ROW)
+  return src, dst
 end
 
 -- ncu side: exactly ncu_launches copies per size, in size order ----------------------------
@@ -93,7 +100,7 @@ if args.compare then
     harness[r.bytes] = { median = r.bench_median, noise = r.bench_noise, clean = r.clean_median, clean_noise = r.clean_noise }
   end
   print(string.format("%-10s %12s %12s %8s %8s  %-7s %12s %8s %8s", "size", "harness", "ncu median", "diff", "noise",
-    "verdict", "clean flush", "diff", "noise"))
+    "verdict", "clean (dflt)", "diff", "noise"))
   local all, all_clean = true, true
   for i, bytes in ipairs(sizes) do
     local t = {}
@@ -108,9 +115,9 @@ if args.compare then
       B.fmt_time(h.median), B.fmt_time(ncu), 100 * diff, 100 * h.noise, ok and "PASS" or "FAIL", B.fmt_time(h.clean),
       100 * (h.clean / ncu - 1), 100 * h.clean_noise))
   end
-  print(string.format("harness within 3%% of ncu gpu__time_duration with noise under 0.5%%: memset flush (default) %s, "
-    .. "clean flush %s", all and "PASS" or "FAIL", all_clean and "PASS" or "FAIL"))
-  os.exit(all and 0 or 1)
+  print(string.format("harness within 3%% of ncu gpu__time_duration with noise under 0.5%%: memset flush %s, "
+    .. "clean flush (default) %s", all and "PASS" or "FAIL", all_clean and "PASS" or "FAIL"))
+  os.exit(all_clean and 0 or 1)
 end
 
 -- harness timings -----------------------------------------------------------------------------
@@ -130,8 +137,8 @@ local res = mla.sweep {
     local src, dst = buffers(p.bytes, 7)
     local f = function() dst:copy(src) end
     local name = "copy " .. (p.bytes // MiB) .. " MiB"
-    local r = mla.bench(f, { name = name, bytes = 2 * p.bytes, max_time = args.max_time or 15 })
-    local c = mla.bench(f, { name = name .. " clean", bytes = 2 * p.bytes, flush = "clean", max_time = args.max_time or 15 })
+    local r = mla.bench(f, { name = name .. " memset", bytes = 2 * p.bytes, flush = "memset", max_time = args.max_time or 15 })
+    local c = mla.bench(f, { name = name .. " clean", bytes = 2 * p.bytes, max_time = args.max_time or 15 }) -- the default
     return { bench = r, clean = c }
   end,
   jsonl = jsonl, csv = args.out .. "/harness_copy.csv",

@@ -4,9 +4,11 @@
 --
 -- Modes (GPU; fn must launch its work on mlalab's device stream, as every
 -- mlalab operation does, and must not wait on it):
---   cold   one call per sample: L2 flush (flush=true|"memset": NVBench's memset
---          of an L2-sized buffer; "clean": that plus a read pass over a second
---          buffer, so the timed work finds no dirty line to write back), then the call queued behind a
+--   cold   one call per sample: L2 flush ("clean", the default: a memset of an
+--          L2-sized buffer plus a read pass over a second buffer, so the timed
+--          work finds no dirty line to write back; flush="memset": NVBench's
+--          memset alone, whose dirty lines are written back inside the timed
+--          kernel: +38% at 32 MiB vs ncu on H100, bench/RESULTS.md), then the call queued behind a
 --          blocking kernel (no launch gap, no idle-stream bias), timed by an
 --          event pair. The default.
 --   hot    a batch of back-to-back calls per sample (warm L2), time / calls.
@@ -33,7 +35,7 @@ M.defaults = {
   throttle = 0.75, throttle_delay = 0.05, clock = "nvml", skip_time = 0, batch_time = 0.01, batch_min = 4,
   batch_max = 256, reference = true,
 }
-local FLUSH_DEFAULT = { cold = true, hot = false, graph = false }
+local FLUSH_DEFAULT = { cold = "clean", hot = false, graph = false }
 
 local function options(opts)
   local o = {}
