@@ -59,12 +59,15 @@ static int check_shape(int ndim, const int64_t *sizes) {
   return 0;
 }
 
+/* Element count; *overflow also when the product of the non-zero sizes
+ * (the contiguous strides of a zero-size tensor) leaves 64-bit addressing. */
 static int64_t numel_of(int ndim, const int64_t *sizes, int *overflow) {
-  int64_t n = 1;
+  int64_t n = 1, span = 1;
   *overflow = 0;
   for (int i = 0; i < ndim; i++) {
-    if (sizes[i] != 0 && n > INT64_MAX / 16 / sizes[i]) *overflow = 1;
-    n *= sizes[i];
+    if (sizes[i] == 0) { n = 0; continue; }
+    if (span > INT64_MAX / 16 / sizes[i]) { *overflow = 1; return 0; }
+    span *= sizes[i], n *= sizes[i];
   }
   return n;
 }
@@ -219,7 +222,7 @@ int mla_tensor_view(mla_tensor *t, int ndim, const int64_t *sizes_in) {
       if (infer >= 0) return mla_err("view: only one size may be -1");
       infer = i;
     } else if (sizes[i] < 0) return mla_err("view: size %lld of dim %d is invalid", (long long)sizes[i], i);
-    else known *= sizes[i];
+    else if (__builtin_mul_overflow(known, sizes[i], &known)) return mla_err("view: shape's element count overflows 64 bits");
   }
   if (infer >= 0) {
     if (known == 0 || n % known) return mla_err("view: cannot infer dim %d for %lld elements", infer, (long long)n);
@@ -228,6 +231,9 @@ int mla_tensor_view(mla_tensor *t, int ndim, const int64_t *sizes_in) {
   }
   if (known != n) return mla_err("view: shape has %lld elements, tensor has %lld", (long long)known, (long long)n);
   if (n == 0) {
+    int ovf;
+    numel_of(ndim, sizes, &ovf);
+    if (ovf) return mla_err("view: shape is too large to address");
     t->ndim = ndim;
     memcpy(t->sizes, sizes, sizeof(int64_t) * (size_t)ndim);
     set_contiguous_strides(t);

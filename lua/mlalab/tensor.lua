@@ -58,6 +58,8 @@ return function(mla, core)
   function T:cuda(n) return self:to(n and ("cuda:" .. n) or "cuda") end
   function T:float() return self:to("f32") end
   function T:double() return self:to("f64") end
+  --- t:save_npy(path): mla.npy.save(path, t)
+  function T:save_npy(path) return mla.npy.save(path, self) end
 
   -- Devices ------------------------------------------------------------------
 
