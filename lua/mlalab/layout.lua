@@ -272,7 +272,7 @@ function Layout:page_geometry(bs)
   return offs, align_up(pos, self.page_align), pos
 end
 
-function Layout:page_bytes(bs) return select(2, self:page_geometry(bs)) end
+function Layout:page_bytes(bs) return (select(2, self:page_geometry(bs))) end
 
 local function build_desc(L, bs)
   local offs, page_bytes = L:page_geometry(bs)
@@ -341,6 +341,13 @@ function Layout:packed(block_size)
   end
   return s
 end
+
+--- true if a field uses the per-tensor scale (a cache then keeps one per layer).
+function Layout:has_tensor_scale()
+  for _, f in ipairs(self.fields) do if f.scale and f.scale.kind == "tensor" then return true end end
+  return false
+end
+function M.has_tensor_scale(L) return M.get(L):has_tensor_scale() end
 
 function Layout:field(name)
   for _, f in ipairs(self.fields) do if f.name == name then return f end end
