@@ -29,6 +29,7 @@ mla.compare, mla.assert_close = entry("compare_mod", "compare"), entry("compare_
 mla.equivalence, mla.assert_equivalent = entry("compare_mod", "equivalence"), entry("compare_mod", "assert_equivalent")
 mla.bench, mla.ab = entry("bench_mod", "bench"), entry("bench_mod", "ab")
 mla.sweep = entry("sweep_mod", "sweep")
+mla.pair = entry("backend", "pair")
 
 setmetatable(mla, {
   __index = function(t, k)
