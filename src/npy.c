@@ -59,7 +59,8 @@ static int scan_string(scanner *s, char *out, size_t cap, const char *what) {
   const char *a = ++s->p;
   while (s->p < s->end && *s->p != (char)q) {
     if (*s->p == '\\') return mla_err("header: escape sequences in %s strings are not supported (byte %ld)", what, pos(s));
-    if (*s->p == '\n') break;
+    if ((unsigned char)*s->p < 0x20 || (unsigned char)*s->p > 0x7e)
+      return mla_err("header: byte 0x%02x inside a %s string at byte %ld (printable ASCII expected)", (unsigned char)*s->p, what, pos(s));
     s->p++;
   }
   if (s->p >= s->end || *s->p != (char)q) return mla_err("header: unterminated string (%s) starting at byte %ld", what, (long)(a - s->start - 1));
