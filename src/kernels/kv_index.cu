@@ -1,0 +1,215 @@
+// Index kernels: top-k transforms (PAGED, RAGGED) and the compaction of
+// referenced pages (mark, rank, list, remap).
+#include "kv_common.cuh"
+
+namespace {
+
+using namespace mla_kv;
+
+constexpr int kTopkBatch = 4; // entries per lane loaded before any is used
+
+// Request of query token t, -1 for a padding token past cu_q[B].
+__device__ __forceinline__ int64_t request_of(const mla_kv_token_req &q, int64_t t) {
+  if (q.token_req.n) return ivec_at(q.token_req, t);
+  if (q.cu_q.n) {
+    if (t < ivec_at(q.cu_q, 0) || t >= ivec_at(q.cu_q, q.cu_q.n - 1)) return -1;
+    return find_segment(q.cu_q, t);
+  }
+  return t;
+}
+
+struct PagedMap {
+  mla_kv_imat bt;
+  int64_t bs;
+  int64_t out_max;
+  __device__ int64_t nreq() const { return bt.rows; }
+  __device__ bool map(int64_t r, int64_t idx, int64_t &out) const {
+    int64_t j = idx / bs;
+    if (j >= bt.cols) return false;
+    int64_t page = imat_at(bt, r, j);
+    if (page < 0) return false;
+    out = page * bs + (idx - j * bs);
+    return out <= out_max;
+  }
+};
+
+struct RaggedMap {
+  mla_kv_ivec cu_k;
+  int64_t out_max;
+  __device__ int64_t nreq() const { return cu_k.n - 1; }
+  __device__ bool map(int64_t r, int64_t idx, int64_t &out) const {
+    out = idx + ivec_at(cu_k, r);
+    return out <= out_max;
+  }
+};
+
+// One warp per query token row.
+template <class Map>
+__global__ void __launch_bounds__(kThreads) topk_kernel(const mla_kv_imat topk, const mla_kv_token_req req, const Map m,
+                                                        const mla_kv_omat out, const mla_kv_omat lens,
+                                                        unsigned long long *bad) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  const int64_t K = topk.cols;
+  for (int64_t t = warp; t < topk.rows; t += nwarps) {
+    int64_t r = request_of(req, t);
+    bool pad = r < 0 && !req.token_req.n; // past cu_q[B]: a padding token
+    bool rok = r >= 0 && r < m.nreq();
+    if (!rok && !pad && lane == 0) count_bad(bad);
+    int nvalid = 0;
+    for (int64_t k0 = 0; k0 < K; k0 += 32 * kTopkBatch) {
+      int64_t idx[kTopkBatch];
+#pragma unroll
+      for (int j = 0; j < kTopkBatch; j++) {
+        int64_t k = k0 + lane + 32 * j;
+        idx[j] = k < K ? imat_at(topk, t, k) : -1;
+      }
+#pragma unroll
+      for (int j = 0; j < kTopkBatch; j++) {
+        int64_t k = k0 + lane + 32 * j;
+        if (k >= K) continue;
+        int64_t o = -1;
+        if (idx[j] >= 0 && rok) {
+          nvalid++;
+          if (!m.map(r, idx[j], o)) {
+            o = -1;
+            count_bad(bad);
+          }
+        }
+        omat_set(out, t, k, o);
+      }
+    }
+    if (lens.data) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) nvalid += __shfl_xor_sync(0xffffffffu, nvalid, off);
+      if (lane == 0) omat_set(lens, t, 0, nvalid);
+    }
+  }
+}
+
+template <class Map>
+cudaError_t launch_topk(const mla_kv_imat *topk, const mla_kv_token_req *req, const Map &m, const mla_kv_omat *out,
+                        const mla_kv_omat *lens, unsigned long long *bad, cudaStream_t s) {
+  if (topk->rows == 0) return cudaSuccess;
+  mla_kv_omat no_lens = {};
+  int64_t work = (topk->rows + kThreads / 32 - 1) / (kThreads / 32);
+  auto k = topk_kernel<Map>;
+  k<<<grid_for(k, 0, work), kThreads, 0, s>>>(*topk, *req, m, *out, lens ? *lens : no_lens, bad);
+  return cudaGetLastError();
+}
+
+int64_t out_max(const mla_kv_omat *out) { return out->is64 ? INT64_MAX : INT32_MAX; }
+
+// ---- compaction ----
+
+__global__ void mark_kernel(const mla_kv_imat idx, int64_t bs, int64_t num_pages, int32_t *flags,
+                            unsigned long long *bad) {
+  int64_t n = idx.rows * idx.cols;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = i / idx.cols, c = i - r * idx.cols;
+    int64_t v = imat_at(idx, r, c);
+    if (v < 0) continue;
+    int64_t page = v / bs;
+    if (page >= num_pages) count_bad(bad);
+    else flags[page] = 1;
+  }
+}
+
+constexpr int kScanThreads = 1024;
+
+// Exclusive prefix sum of flags by one block: each thread sums a contiguous
+// run, the block scans the run totals, each thread then writes its run.
+__global__ void __launch_bounds__(kScanThreads) rank_kernel(const int32_t *flags, int64_t n, int32_t *rank,
+                                                            int64_t *count) {
+  __shared__ int64_t part[kScanThreads];
+  int64_t per = (n + kScanThreads - 1) / kScanThreads;
+  int64_t lo = threadIdx.x * per, hi = lo + per < n ? lo + per : n;
+  int64_t sum = 0;
+  for (int64_t i = lo; i < hi; i++) sum += flags[i];
+  part[threadIdx.x] = sum;
+  __syncthreads();
+  for (int off = 1; off < kScanThreads; off <<= 1) { // Hillis-Steele inclusive scan
+    int64_t v = threadIdx.x >= off ? part[threadIdx.x - off] : 0;
+    __syncthreads();
+    part[threadIdx.x] += v;
+    __syncthreads();
+  }
+  int64_t run = part[threadIdx.x] - sum;
+  for (int64_t i = lo; i < hi; i++) {
+    rank[i] = (int32_t)run;
+    run += flags[i];
+  }
+  if (threadIdx.x == kScanThreads - 1) *count = part[threadIdx.x];
+}
+
+__global__ void list_kernel(const int32_t *flags, const int32_t *rank, int64_t n, int64_t *pages) {
+  for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < n; p += (int64_t)gridDim.x * blockDim.x)
+    if (flags[p]) pages[rank[p]] = p;
+}
+
+__global__ void remap_kernel(const mla_kv_imat idx, const int32_t *rank, int64_t bs, int64_t num_pages,
+                             const mla_kv_omat out) {
+  int64_t n = idx.rows * idx.cols;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = i / idx.cols, c = i - r * idx.cols;
+    int64_t v = imat_at(idx, r, c), o = -1;
+    if (v >= 0) {
+      int64_t page = v / bs;
+      if (page < num_pages) o = (int64_t)rank[page] * bs + (v - page * bs);
+    }
+    omat_set(out, r, c, o);
+  }
+}
+
+int elementwise_grid(int64_t n) {
+  int64_t g = (n + kThreads - 1) / kThreads;
+  if (g > 132 * 16) g = 132 * 16;
+  return g < 1 ? 1 : (int)g;
+}
+
+} // namespace
+
+extern "C" cudaError_t mla_cuda_kv_topk_paged(const mla_kv_imat *topk, const mla_kv_token_req *req,
+                                              const mla_kv_imat *block_table, int64_t block_size,
+                                              const mla_kv_omat *out, const mla_kv_omat *lens,
+                                              unsigned long long *bad, cudaStream_t s) {
+  return launch_topk(topk, req, PagedMap{*block_table, block_size, out_max(out)}, out, lens, bad, s);
+}
+
+extern "C" cudaError_t mla_cuda_kv_topk_ragged(const mla_kv_imat *topk, const mla_kv_token_req *req,
+                                               const mla_kv_ivec *cu_k, const mla_kv_omat *out,
+                                               const mla_kv_omat *lens, unsigned long long *bad, cudaStream_t s) {
+  return launch_topk(topk, req, RaggedMap{*cu_k, out_max(out)}, out, lens, bad, s);
+}
+
+extern "C" cudaError_t mla_cuda_kv_mark_pages(const mla_kv_imat *idx, int64_t block_size, int64_t num_pages,
+                                              int32_t *flags, unsigned long long *bad, cudaStream_t s) {
+  cudaError_t e = cudaMemsetAsync(flags, 0, (size_t)num_pages * sizeof(int32_t), s);
+  if (e != cudaSuccess) return e;
+  int64_t n = idx->rows * idx->cols;
+  if (n == 0) return cudaSuccess;
+  mark_kernel<<<elementwise_grid(n), kThreads, 0, s>>>(*idx, block_size, num_pages, flags, bad);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t mla_cuda_kv_rank_pages(const int32_t *flags, int64_t num_pages, int32_t *rank, int64_t *count,
+                                              cudaStream_t s) {
+  rank_kernel<<<1, kScanThreads, 0, s>>>(flags, num_pages, rank, count);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t mla_cuda_kv_list_pages(const int32_t *flags, const int32_t *rank, int64_t num_pages,
+                                              int64_t *pages, cudaStream_t s) {
+  if (num_pages == 0) return cudaSuccess;
+  list_kernel<<<elementwise_grid(num_pages), kThreads, 0, s>>>(flags, rank, num_pages, pages);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t mla_cuda_kv_remap_compact(const mla_kv_imat *idx, const int32_t *rank, int64_t block_size,
+                                                 int64_t num_pages, const mla_kv_omat *out, cudaStream_t s) {
+  int64_t n = idx->rows * idx->cols;
+  if (n == 0) return cudaSuccess;
+  remap_kernel<<<elementwise_grid(n), kThreads, 0, s>>>(*idx, rank, block_size, num_pages, *out);
+  return cudaGetLastError();
+}
