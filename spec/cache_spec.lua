@@ -77,6 +77,7 @@ describe("writes with neighbours poisoned", function()
           page_pad = L.page_align * 2 }
         local slots = { 0, 17, 47, -1, 30 }
         local x = mla.randn({ #slots, L.dim }, { std = 2 })
+        c:layer(40):fill(0) -- caches start uninitialised, like torch.empty
         c:poison(40, "zeros")
         c:write(40, x, slots_of(slots))
         local report = c:check_bleed(40, { slots = slots })
