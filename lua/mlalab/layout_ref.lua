@@ -49,4 +49,74 @@ function M.read(L, pages, slots, opts)
   return out
 end
 
+-- Round-trip error in units of half a quantization step ---------------------
+
+local SCALE_BYTES = { f32 = 4, bf16 = 2, ue8m0 = 1, e4m3 = 1 }
+
+local function decode_scale(dt, bytes, off)
+  if dt == "f32" then return (string.unpack("<f", bytes, off + 1)) end
+  if dt == "bf16" then return (string.unpack("<f", string.pack("<I4", string.unpack("<I2", bytes, off + 1) << 16))) end
+  return core.tensor_from_bytes(bytes:sub(off + 1, off + 1), dt, { 1 }, "cpu"):to("f32"):item()
+end
+
+-- Half the spacing of dtype's grid around |y| (y in code units).
+local function half_step(dt, y)
+  y = math.abs(y)
+  if y ~= y or y == math.huge then return 0 end
+  local e = y > 0 and math.floor(math.log(y, 2)) or -1000
+  if dt == "e4m3" then return 2.0 ^ (math.max(e, -6) - 4) end
+  if dt == "e5m2" then return 2.0 ^ (math.max(e, -14) - 3) end
+  if dt == "e2m1" then return y < 2 and 0.25 or y < 4 and 0.5 or 1 end
+  if dt == "bf16" then return 2.0 ^ (math.max(e, -126) - 8) end
+  if dt == "f16" then return 2.0 ^ (math.max(e, -14) - 11) end
+  return 2.0 ^ (math.max(e, -126) - 24) -- f32
+end
+
+--- Worst |x - read(write(x))| over all dims of the given slots, divided by
+-- half the quantization step at x under the scale actually stored (the
+-- bound every format promises: <= 1). pages: CPU view holding the written
+-- slots; x: the rows written (CPU f32 [n, dim]). Returns ratio, dim, row.
+function M.worst_step_ratio(L, pages, x, slots, opts)
+  opts = opts or {}
+  L = layout.get(L)
+  local bs = block_size_of("layout_ref.worst_step_ratio", pages, opts)
+  local d = core.layout_unpack(L:packed(bs))
+  x = host_f32(x, "x", "layout_ref.worst_step_ratio")
+  local ts = opts.tensor_scale and opts.tensor_scale:to("cpu"):item() or 1
+  local y = M.read(L, pages, slots, opts)
+  local lo, hi = pages:byte_range()
+  local bytes = core.tensor_bytes(pages:as_strided({ hi - lo }, { 1 }, lo))
+  local stride = pages:stride(0) * pages:element_size()
+  local token_stride = pages:dim() == 3 and pages:stride(1) or d.region_row_bytes[1]
+  local sl = host_slots(slots, "layout_ref.worst_step_ratio"):totable()
+  local worst, wdim, wrow = 0, nil, nil
+  for r, slot in ipairs(sl) do
+    if slot >= 0 then
+      local t = slot % bs
+      local function row(reg)
+        return (slot // bs) * stride + d.region_off[reg + 1] + t * (reg == 0 and token_stride or d.region_row_bytes[reg + 1])
+      end
+      for _, f in ipairs(d.fields) do
+        if f.role == "data" then
+          for e = 0, f.count - 1 do
+            local s = 1
+            if f.scale_kind == "tensor" then s = ts
+            elseif f.scale_kind == "group" then
+              s = decode_scale(f.scale_dtype, bytes, row(f.scale_region) + f.scale_off + (e // f.group) * SCALE_BYTES[f.scale_dtype])
+            end
+            local dim = f.dim_lo + e
+            local xv, yv = x:get({ r - 1, dim }), y:get({ r - 1, dim })
+            local err = math.abs(xv - yv)
+            local bound = half_step(f.dtype, xv / s) * s * (1 + 2 ^ -20) + math.abs(yv) * 2 ^ -23
+            local ratio = err == 0 and 0 or (bound > 0 and err / bound or math.huge)
+            if ratio ~= ratio then ratio = math.huge end
+            if ratio > worst then worst, wdim, wrow = ratio, dim, r - 1 end
+          end
+        end
+      end
+    end
+  end
+  return worst, wdim, wrow
+end
+
 return M
