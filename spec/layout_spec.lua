@@ -193,6 +193,10 @@ describe("layout validation errors", function()
     define_err({ name = "t", fields = { e4("a", 64, { scale = { dtype = "f32", group = 32, min = 2, max = 1 } }) } },
       "field 'a': scale min 2 is above max 1")
   end)
+  it("names a group scale with neither eps nor a minimum", function()
+    define_err({ name = "t", fields = { e4("a", 64, { scale = { dtype = "f32", group = 32 } }) } },
+      "field 'a': a group scale needs eps > 0 or min > 0 (an all-zero group would get scale 0 and decode to NaN)")
+  end)
   it("names a field whose derived offset is misaligned for its dtype", function()
     define_err({ name = "t", fields = { e4("a", 8), { "b", "bf16", 8 } }, regions = { { row = { "a", { pad = 1 }, "b" } } } },
       "b (bf16) would start at byte 9 of region 'region0', not a multiple of its 2-byte alignment")
@@ -206,13 +210,13 @@ describe("layout validation errors", function()
       "field 'b': data at bytes [4, 20) of region 0 overlaps the data of field 'a' at [0, 8)")
   end)
   it("names scales overlapping data", function()
-    define_err({ name = "t", fields = { e4("a", 64, { scale = { dtype = "f32", group = 32 } }) },
+    define_err({ name = "t", fields = { e4("a", 64, { scale = { dtype = "f32", group = 32, eps = 1e-4 } }) },
       regions = { { row = { "a", { "a.scale", at = 60 } } } } }, "field 'a': scales at bytes [60, 68) of region 0 overlaps the data of field 'a'")
   end)
   it("names a field or scale placed in no region, or twice", function()
     define_err({ name = "t", fields = { e4("a", 8), e4("b", 8) }, regions = { { row = { "a" } } } },
       "field 'b' is placed in no region row")
-    define_err({ name = "t", fields = { e4("a", 64, { scale = { dtype = "f32", group = 32 } }) }, regions = { { row = { "a" } } } },
+    define_err({ name = "t", fields = { e4("a", 64, { scale = { dtype = "f32", group = 32, eps = 1e-4 } }) }, regions = { { row = { "a" } } } },
       "field 'a': its scales are placed in no region row")
     define_err({ name = "t", fields = { e4("a", 8) }, regions = { { row = { "a" } }, { row = { "a" } } } }, "a is placed twice")
   end)
@@ -299,6 +303,7 @@ describe("descriptor checks in C (core.layout_check)", function()
     bad(function(d) d.fields[1].eps_on_amax = 2 end, "fields[0].eps_on_amax = 2 must be 0 or 1")
     bad(function(d) d.fields[1].qmax = 0 end, "fields[0].qmax = 0 must be a finite positive number")
     bad(function(d) d.fields[1].scale_min = 2; d.fields[1].scale_max = 1 end, "fields[0]: scale_min 2 is above scale_max 1")
+    bad(function(d) d.fields[1].eps = 0 end, "fields[0]: group scales need eps > 0 or scale_min > 0")
     bad(function(d) d.fields[1].scale_dtype = "e5m2" end, "fields[0].scale_dtype is e5m2")
     bad(function(d) d.fields[1].dtype = "i32" end, "fields[0].dtype is i32")
   end)

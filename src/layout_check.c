@@ -94,6 +94,8 @@ static int check_group(const mla_layout_desc *d, const mla_layout_field *fd, int
   if (check_finite(f, "qmax", fd->qmax, 1) || check_finite(f, "eps", fd->eps, 0) ||
       check_finite(f, "scale_min", fd->scale_min, 0) || check_finite(f, "scale_max", fd->scale_max, 0))
     return -1;
+  if (fd->eps == 0.0f && fd->scale_min == 0.0f)
+    return mla_err("fields[%d]: group scales need eps > 0 or scale_min > 0 (an all-zero group would get scale 0 and decode to NaN)", f);
   if (fd->scale_min > 0.0f && fd->scale_max > 0.0f && fd->scale_min > fd->scale_max)
     return mla_err("fields[%d]: scale_min %g is above scale_max %g", f, (double)fd->scale_min, (double)fd->scale_max);
   int ss = mla_scale_size(fd->scale_dtype);

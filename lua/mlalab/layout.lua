@@ -113,6 +113,9 @@ local function parse_scale(s, f, fail)
     return v
   end
   g.eps, g.min, g.max = num(s.eps, "eps"), num(s.min, "min"), num(s.max, "max")
+  if g.eps == 0 and g.min == 0 then
+    fail("field '%s': a group scale needs eps > 0 or min > 0 (an all-zero group would get scale 0 and decode to NaN)", f.name)
+  end
   if g.min > 0 and g.max > 0 and g.min > g.max then fail("field '%s': scale min %g is above max %g", f.name, g.min, g.max) end
   g.qmax = s.qmax ~= nil and num(s.qmax, "qmax", true) or QMAX[f.dtype]
   return g
