@@ -103,6 +103,13 @@ static int same_shape(const mla_tensor *a, const mla_tensor *b) {
   return 1;
 }
 
+static int same_view(const mla_tensor *a, const mla_tensor *b) {
+  if (a->dtype != b->dtype || a->offset != b->offset || !same_shape(a, b)) return 0;
+  for (int i = 0; i < a->ndim; i++)
+    if (a->sizes[i] > 1 && a->strides[i] != b->strides[i]) return 0;
+  return 1;
+}
+
 static int shape_str(const mla_tensor *t, char *buf, size_t n) {
   size_t k = (size_t)snprintf(buf, n, "[");
   for (int i = 0; i < t->ndim && k < n; i++) k += (size_t)snprintf(buf + k, n - k, i ? ", %lld" : "%lld", (long long)t->sizes[i]);
@@ -208,13 +215,14 @@ int mla_tensor_copy(mla_tensor *dst, const mla_tensor *src, const mla_cvt_opts *
   if (!same_shape(dst, src)) {
     char a[128], b[128];
     shape_str(dst, a, sizeof a), shape_str(src, b, sizeof b);
-    return mla_err("copy: shape mismatch, destination %s, source %s", a, b);
+    return mla_err("shape mismatch, destination %s, source %s", a, b);
   }
-  if (dst->storage == src->storage && mla_tensor_device(dst) != MLA_CPU) {
+  if (dst->storage == src->storage) {
     int64_t dlo, dhi, slo, shi;
     mla_tensor_byte_range(dst, &dlo, &dhi), mla_tensor_byte_range(src, &slo, &shi);
-    if (dlo < shi && slo < dhi && !(dlo == slo && dst->dtype == src->dtype)) {
-      /* overlapping ranges on the GPU: go through a temporary */
+    if (same_view(dst, src)) return 0; /* t:copy(t) */
+    if (dlo < shi && slo < dhi) {
+      /* overlapping ranges: read the whole source first, on every device */
       mla_tensor tmp;
       if (temp_like(&tmp, src, src->dtype, mla_tensor_device(src))) return -1;
       int rc = copy_impl(&tmp, src, o) || copy_impl(dst, &tmp, o) ? -1 : 0;
