@@ -1,0 +1,127 @@
+/* Dequantization of 8 consecutive dims of a token whose bytes were staged in
+ * shared memory (every region's token row copied to a known offset of one
+ * "stage row"). A chunk_plan, made once per kernel from the layout
+ * descriptor, says where the 8 values and their scale sit in that row, so the
+ * inner loop does no field lookup. Semantics are layout_desc.h's: fp32
+ * product decode(q) * scale, rounded once to bf16. */
+#ifndef MLA_DEQUANT_CHUNK_CUH
+#define MLA_DEQUANT_CHUNK_CUH
+
+#include "convert.cuh"
+#include "layout_access.cuh"
+#include "layout_desc.h"
+#include "mma.cuh"
+#include "quant_math.h"
+
+namespace mla {
+
+struct chunk_plan {
+  int32_t src;         /* byte offset of the 8 values in the stage row; -1: no field stores them (zeros) */
+  int32_t dtype;       /* stored element type */
+  int32_t scale_src;   /* group: byte offset of the scale; -1 none; -2 the per-tensor scale */
+  int32_t scale_dtype; /* group scales */
+};
+
+/* Plan for dims [d0, d0 + 8): stage_off[r] is where region r's token row starts in the stage row. */
+__device__ __forceinline__ chunk_plan make_chunk_plan(const mla_layout_desc &d, const int (&stage_off)[MLA_LAYOUT_MAX_REGIONS],
+                                                      int d0) {
+  chunk_plan c;
+  c.src = -1, c.dtype = MLA_BF16, c.scale_src = -1, c.scale_dtype = MLA_F32;
+  int f = field_of(d, d0);
+  if (f < 0) return c;
+  const mla_layout_field &fd = d.fields[f];
+  int e = d0 - fd.dim_lo;
+  int eb = fd.dtype == MLA_E2M1 ? e / 2 : e * (fd.dtype == MLA_F32 ? 4 : (fd.dtype == MLA_BF16 || fd.dtype == MLA_F16) ? 2 : 1);
+  c.src = stage_off[fd.region] + fd.byte_off + eb;
+  c.dtype = fd.dtype;
+  if (fd.scale_kind == MLA_SCALE_TENSOR) c.scale_src = -2;
+  else if (fd.scale_kind == MLA_SCALE_GROUP) {
+    c.scale_src = stage_off[fd.scale_region] + fd.scale_off + (e / fd.group) * mla_scale_size(fd.scale_dtype);
+    c.scale_dtype = fd.scale_dtype;
+  }
+  return c;
+}
+
+/* N bytes of shared memory into registers; vector loads when aligned (fields
+ * of one-byte types may start at any byte). */
+template <int N> __device__ __forceinline__ void smem_bytes(const unsigned char *p, unsigned char (&b)[N]) {
+  if (((uintptr_t)p & (N - 1)) == 0) {
+    if constexpr (N == 16) *reinterpret_cast<uint4 *>(b) = *reinterpret_cast<const uint4 *>(p);
+    else if constexpr (N == 8) *reinterpret_cast<uint2 *>(b) = *reinterpret_cast<const uint2 *>(p);
+    else *reinterpret_cast<uint32_t *>(b) = *reinterpret_cast<const uint32_t *>(p);
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; i++) b[i] = p[i];
+  }
+}
+
+__device__ __forceinline__ uint32_t smem_scale_bits(const unsigned char *p, int scale_dtype) {
+  int n = mla_scale_size(scale_dtype);
+  uint32_t v = 0;
+  for (int i = 0; i < n; i++) v |= (uint32_t)p[i] << (8 * i);
+  return v;
+}
+
+/* 8 dims of the staged row `row` as 8 bf16 (a uint4), per the plan. */
+__device__ __forceinline__ uint4 dequant_chunk_bf16(const chunk_plan &c, const unsigned char *row, float tensor_scale) {
+  uint4 out;
+  if (c.src < 0) return make_uint4(0, 0, 0, 0);
+  const unsigned char *p = row + c.src;
+  if (c.dtype == MLA_BF16 && c.scale_src == -1) { /* stored bf16, no scale: the bits themselves */
+    unsigned char b[16];
+    smem_bytes<16>(p, b);
+    return *reinterpret_cast<uint4 *>(b);
+  }
+  float x[8];
+  switch (c.dtype) {
+  case MLA_E4M3: case MLA_E5M2: {
+    unsigned char b[8];
+    smem_bytes<8>(p, b);
+#pragma unroll
+    for (int i = 0; i < 8; i++) x[i] = c.dtype == MLA_E4M3 ? e4m3_to_float(b[i]) : e5m2_to_float(b[i]);
+    break;
+  }
+  case MLA_E2M1: {
+    unsigned char b[4];
+    smem_bytes<4>(p, b);
+#pragma unroll
+    for (int i = 0; i < 8; i++) x[i] = e2m1_to_float((uint8_t)(b[i / 2] >> (4 * (i & 1))));
+    break;
+  }
+  case MLA_BF16: case MLA_F16: {
+    unsigned char b[16];
+    smem_bytes<16>(p, b);
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+      uint16_t h = (uint16_t)(b[2 * i] | b[2 * i + 1] << 8);
+      x[i] = c.dtype == MLA_BF16 ? bf16_bits_to_float(h) : __half2float(__ushort_as_half(h));
+    }
+    break;
+  }
+  default: { /* f32 */
+    unsigned char b[16], e[16];
+    smem_bytes<16>(p, b);
+    smem_bytes<16>(p + 16, e);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      x[i] = __uint_as_float((uint32_t)b[4 * i] | (uint32_t)b[4 * i + 1] << 8 | (uint32_t)b[4 * i + 2] << 16 | (uint32_t)b[4 * i + 3] << 24);
+      x[i + 4] = __uint_as_float((uint32_t)e[4 * i] | (uint32_t)e[4 * i + 1] << 8 | (uint32_t)e[4 * i + 2] << 16 | (uint32_t)e[4 * i + 3] << 24);
+    }
+    break;
+  }
+  }
+  if (c.scale_src != -1) {
+    float s = c.scale_src == -2 ? tensor_scale : mla_decode_scale(c.scale_dtype, smem_scale_bits(row + c.scale_src, c.scale_dtype));
+#pragma unroll
+    for (int i = 0; i < 8; i++) x[i] = __fmul_rn(x[i], s);
+  }
+  out.x = pack_bf16x2(x[0], x[1]);
+  out.y = pack_bf16x2(x[2], x[3]);
+  out.z = pack_bf16x2(x[4], x[5]);
+  out.w = pack_bf16x2(x[6], x[7]);
+  return out;
+}
+
+} // namespace mla
+
+#endif

@@ -1,0 +1,199 @@
+--- MLA decode attention over any cache layout, dense or sparse, with three
+-- implementations of the same semantics (src/attn.h):
+--   "ref"   the CPU reference (src/ref/attn_ref.c): double precision on the
+--           dequantized cache; returns f32 outputs on the CPU
+--   "baked" the production kernels (src/kernels/attn_decode*.cu): tensor
+--           cores, split-KV with an LSE combine; bf16 output on the GPU
+--   "jit"   kernels_rtc/attn_decode.cu, compiled for the layout by mla.rtc
+--           (any layout, no C++ edit; simpler and slower)
+--
+--   local out, lse = mla.attention.decode{
+--     q = q,                                 -- bf16 [b, s_q, h_q, d_qk], any strides
+--     cache = c:view(layer),                 -- or pages = tensor, layout = name, block_size =, tensor_scale =
+--     block_table = bt, cache_lens = lens,   -- dense (i32 [b, max_blocks], [b]); causal = true by default
+--     -- or: indices = idx, topk_len = n,    -- sparse (i32 [b, s_q, topk] slot ids, -1 = none; [b])
+--     sink = s,                              -- optional f32 [h_q]
+--     scale = 1 / math.sqrt(576),            -- default d_qk^-0.5
+--     impl = "baked",                        -- default: baked on a GPU, ref on the CPU
+--   }
+-- out: [b, s_q, h_q, d_v]; lse: f32 [b, h_q, s_q], natural log; a query
+-- with no key gets lse = +inf and a zero output. Options: out=, lse=
+-- (preallocated outputs), check = true (index values checked on the host,
+-- which costs a device-to-host copy: pass false when timing), splits = 0
+-- (baked: automatic from the SM count and the batch). The third result of
+-- the baked path is its plan (splits, rows per CTA, stages, ...).
+local mla = require "mlalab"
+local core = mla.core
+local layout = require "mlalab.layout"
+
+local M = {}
+
+local function fail(fmt, ...) error("attention.decode: " .. string.format(fmt, ...), 3) end
+
+local function shape_str(t)
+  local s = {}
+  for i = 0, t:dim() - 1 do s[#s + 1] = tostring(t:size(i)) end
+  return "[" .. table.concat(s, ", ") .. "]"
+end
+
+local KNOWN = { q = 1, cache = 1, pages = 1, layout = 1, block_size = 1, tensor_scale = 1, block_table = 1,
+  cache_lens = 1, causal = 1, indices = 1, topk_len = 1, sink = 1, scale = 1, impl = 1, out = 1, lse = 1, check = 1,
+  splits = 1 }
+
+-- The cache: a view table from cache:view(i), or pages + layout (+ block_size, tensor_scale).
+local function resolve_cache(o)
+  local pages, L, bs, ts
+  if o.cache ~= nil then
+    local v = o.cache
+    if type(v) ~= "table" or not core.is_tensor(v.pages) then
+      fail("cache must be a cache view (cache:view(layer)) holding pages, layout and block_size")
+    end
+    if o.pages ~= nil then fail("give cache or pages, not both") end
+    pages, L, bs, ts = v.pages, v.layout, v.block_size, v.tensor_scale
+    if o.layout ~= nil and layout.get(o.layout) ~= layout.get(L) then
+      fail("layout '%s' differs from the cache view's layout '%s'", layout.get(o.layout).name, layout.get(L).name)
+    end
+  else
+    pages, L, bs, ts = o.pages, o.layout, o.block_size, o.tensor_scale
+    if not core.is_tensor(pages) then fail("pass cache = cache:view(layer), or pages = a u8 tensor of pages with layout =") end
+    if L == nil then fail("layout is required with pages (a layout name or mla.layout object)") end
+    if bs == nil and pages:dim() == 3 then bs = pages:size(1) end
+    if bs == nil then fail("block_size is required with [pages, page_bytes] pages") end
+  end
+  local ok, lay = pcall(layout.get, L)
+  if not ok then fail("%s", lay) end
+  if o.tensor_scale ~= nil and o.cache ~= nil then ts = o.tensor_scale end
+  if not math.tointeger(bs) or bs < 1 then fail("block_size must be a positive integer, got %s", tostring(bs)) end
+  return pages, lay, bs, ts
+end
+
+-- An index tensor as contiguous i32 on `device` (integer dtypes only).
+local function index_tensor(t, name, device)
+  if t == nil then return nil end
+  if not core.is_tensor(t) then fail("%s must be a tensor, got a %s", name, type(t)) end
+  if core.dtype_info(t.dtype).is_float then fail("%s must hold integers (i32), got %s", name, t.dtype) end
+  if t.dtype ~= "i32" then t = t:to("i32") end
+  if t.device ~= device then t = t:to(device) end
+  return t:is_contiguous() and t or t:contiguous()
+end
+
+local function float_tensor(t, name, device)
+  if t == nil then return nil end
+  if not core.is_tensor(t) then fail("%s must be a tensor, got a %s", name, type(t)) end
+  if not core.dtype_info(t.dtype).is_float then fail("%s must be a float tensor (f32), got %s", name, t.dtype) end
+  if t.dtype ~= "f32" then t = t:to("f32") end
+  if t.device ~= device then t = t:to(device) end
+  return t:is_contiguous() and t or t:contiguous()
+end
+
+-- JIT modules, one per (layout, block size, arch).
+local jit_modules = {}
+local function jit_module(L, bs)
+  local key = L.name .. "/" .. bs
+  local m = jit_modules[key]
+  if not m then
+    m = mla.rtc.compile { file = "attn_decode.cu", layout = L, block_size = bs }
+    jit_modules[key] = m
+  end
+  return m
+end
+
+--- The options as the bindings take them, plus what the caller needs.
+function M.prepare(o)
+  if type(o) ~= "table" then error("attention.decode: an options table is expected", 2) end
+  for k in pairs(o) do
+    if not KNOWN[k] then fail("unknown option '%s'", tostring(k)) end
+  end
+  local pages, L, bs, ts = resolve_cache(o)
+  local q = o.q
+  if not core.is_tensor(q) then fail("q must be a bf16 tensor [b, s_q, h_q, d_qk]") end
+  if q.dtype ~= "bf16" then fail("q must be bf16, got %s", q.dtype) end
+  if q:dim() ~= 4 then fail("q must be [b, s_q, h_q, d_qk], got %s", shape_str(q)) end
+  if q:size(3) ~= L.k_dims then
+    fail("q has d_qk = %d but layout '%s' stores K as %d dims", q:size(3), L.name, L.k_dims)
+  end
+  local impl = o.impl or (pages:is_cuda() and "baked" or "ref")
+  if impl ~= "ref" and impl ~= "baked" and impl ~= "jit" then fail("impl must be 'ref', 'baked' or 'jit', got %s", tostring(impl)) end
+  if impl ~= "ref" and not pages:is_cuda() then fail("impl '%s' runs on a GPU: the cache pages are on the CPU", impl) end
+  local device = impl == "ref" and "cpu" or pages.device
+  if impl ~= "ref" and q.device ~= device then fail("q is on %s but the cache is on %s", q.device, device) end
+  if layout.has_tensor_scale(L) and ts == nil then
+    fail("layout '%s' has a per-tensor scale: pass tensor_scale (f32 [1]) or a cache view", L.name)
+  end
+  local sparse = o.indices ~= nil
+  if sparse and (o.block_table ~= nil or o.cache_lens ~= nil) then
+    fail("pass indices (sparse) or block_table and cache_lens (dense), not both")
+  end
+  if not sparse and (o.block_table == nil or o.cache_lens == nil) then
+    fail("dense decode needs block_table and cache_lens; sparse decode needs indices")
+  end
+  if sparse and o.causal then fail("causal applies to dense decode; sparse queries see exactly their indices") end
+  if not sparse and o.topk_len ~= nil then fail("topk_len applies to sparse decode (with indices)") end
+  local scale = o.scale or 1 / math.sqrt(L.k_dims)
+  if type(scale) ~= "number" or scale ~= scale or scale <= 0 or scale == math.huge then
+    fail("scale must be a finite positive number, got %s", tostring(scale))
+  end
+  local b, s_q, h_q = q:size(0), q:size(1), q:size(2)
+  local a = {
+    layout = L:packed(bs), pages = impl == "ref" and pages:to("cpu") or pages,
+    tensor_scale = ts and (impl == "ref" and ts:to("cpu") or ts),
+    q = impl == "ref" and q:to("cpu") or q, scale = scale,
+    indices = index_tensor(o.indices, "indices", device),
+    topk_len = index_tensor(o.topk_len, "topk_len", device),
+    block_table = index_tensor(o.block_table, "block_table", device),
+    cache_lens = index_tensor(o.cache_lens, "cache_lens", device),
+    sink = float_tensor(o.sink, "sink", device),
+    causal = not sparse and (o.causal == nil or o.causal == true),
+    check = o.check, splits = o.splits,
+  }
+  local out_dt = impl == "ref" and "f32" or "bf16"
+  a.out = o.out or core.empty({ b, s_q, h_q, L.v_dims }, { dtype = out_dt, device = device })
+  a.lse = o.lse or core.empty({ b, h_q, s_q }, { dtype = "f32", device = device })
+  return a, { impl = impl, layout = L, block_size = bs, sparse = sparse }
+end
+
+local function run_jit(a, info)
+  local L, q = info.layout, a.q
+  local b, s_q, h_q = q:size(0), q:size(1), q:size(2)
+  if a.check ~= false then core.attn_check(a) end -- index values, as the other paths check them
+  local mod = jit_module(L, info.block_size)
+  local view = mla.rtc.cache_view(a.pages, L, { block_size = info.block_size, tensor_scale = a.tensor_scale })
+  local rows = info.sparse and h_q or s_q * h_q
+  local problems = info.sparse and b * s_q or b
+  if rows == 0 or problems == 0 then return end
+  local topk = a.indices and a.indices:size(2) or 0
+  mod:kernel("attn_decode_jit"):launch {
+    grid = { rows, problems }, block = 128,
+    args = { view, q, q:stride(0), q:stride(1), q:stride(2), q:stride(3), s_q, h_q, info.sparse and 1 or 0,
+      a.causal and 1 or 0, a.block_table or 0, a.block_table and a.block_table:size(1) or 0, a.cache_lens or 0,
+      a.indices or 0, topk, a.topk_len or 0, a.sink or 0, a.scale, a.out, a.lse },
+  }
+end
+
+--- mla.attention.decode{...} -> out, lse [, plan]
+function M.decode(o)
+  local a, info = M.prepare(o)
+  if info.impl == "ref" then
+    core.attn_decode_ref(a)
+    return a.out, a.lse
+  elseif info.impl == "baked" then
+    local plan = core.attn_decode(a)
+    return a.out, a.lse, plan
+  end
+  run_jit(a, info)
+  return a.out, a.lse
+end
+
+--- FLOPs and bytes of one decode call, counted as testing-and-timing.md §8
+-- does: QK^T and PV over the attended keys; q, the cache rows read (at the
+-- layout's bytes per token) and the bf16 output. keys: total attended
+-- (row-independent) keys, i.e. sum of cache lengths (dense) or valid
+-- indices (sparse); token_bytes: bytes per cached token.
+function M.cost(t)
+  local rows_per_key = t.sparse and t.h_q or t.h_q * t.s_q
+  local flops = 2 * rows_per_key * t.keys * (t.d_qk + t.d_v)
+  local bytes = 2 * t.b * t.s_q * t.h_q * t.d_qk + t.unique_keys * t.token_bytes + 2 * t.b * t.s_q * t.h_q * t.d_v
+  return flops, bytes
+end
+
+return M

@@ -1,0 +1,213 @@
+--- Decode-attention cases for specs, benches and sweeps: a cache written
+-- through its layout (quantize-then-dequantize data, so a comparison with
+-- the reference measures kernel error only), block tables over randomly
+-- permuted pages (unused entries hold garbage, as FlashMLA's tests do),
+-- sparse index lists with -1 holes, and every byte no query may read set to
+-- 0xff (NaN in every float format) so a stray read shows.
+--
+--   local C = mla.attention_cases
+--   local case = C.dense{ layout = "fp8_ds_mla", b = 4, s_q = 1, h_q = 16, lens = {0, 100, 700, 1300} }
+--   local out, lse = mla.attention.decode(C.args(case, { impl = "baked" }))
+--
+-- Options (both): layout, b, s_q, h_q, block_size = 64, device (default
+-- device), num_layers = 1, layer = 0, order = "layer_major" | "block_major",
+-- page_pad = 0, extra_blocks = 0, q_pad = false (q as a strided view),
+-- q_std = 1, kv_std = 1, seed, fill = "write" | "replicate" (benches: write
+-- `template_pages` pages through the layout, copy them over the rest).
+-- dense: lens = {..} or len = n. sparse: topk, pool = tokens holding data,
+-- invalid = fraction of -1 entries, empty_rows = {{r, i}, ...} all -1,
+-- topk_len = {..} (or true: random lengths), unique = true (distinct slots per row).
+local mla = require "mlalab"
+local core = mla.core
+local layout = require "mlalab.layout"
+
+local M = {}
+
+M.GARBAGE = 2147480000 -- FlashMLA's filler for unused block-table entries
+
+-- xorshift64*: deterministic draws from one seed, independent of the tensor RNG
+local function rng(seed)
+  local s = (seed or mla.next_seed()) ~ 0x2545F4914F6CDD1D
+  if s == 0 then s = 1 end
+  return function(n)
+    s = s ~ (s >> 12); s = s ~ (s << 25); s = s ~ (s >> 27)
+    local v = (s * 0x2545F4914F6CDD1D) >> 11 -- logical shift: non-negative
+    return v % n
+  end
+end
+M.rng = rng
+
+local function permutation(n, draw)
+  local p = {}
+  for i = 1, n do p[i] = i - 1 end
+  for i = n, 2, -1 do
+    local j = draw(i) + 1
+    p[i], p[j] = p[j], p[i]
+  end
+  return p
+end
+
+local function new_cache(o, num_blocks)
+  local c = mla.cache.new { layout = o.layout, num_blocks = num_blocks, block_size = o.block_size or 64,
+    num_layers = o.num_layers or 1, order = o.order or "layer_major", page_pad = o.page_pad or 0, device = o.device,
+    tensor_scale = o.tensor_scale }
+  for _, buf in ipairs(c.buffers) do buf:fill(255) end -- NaN everywhere until written
+  return c
+end
+
+-- Writes random rows into the given slots of the case's layer.
+local function write_rows(c, o, slots)
+  local L, layer = c.layout, o.layer or 0
+  if #slots == 0 then return end
+  if (o.fill or "write") == "write" then
+    local x = mla.randn({ #slots, L.dim }, { std = o.kv_std or 1, device = "cpu" })
+    c:write(layer, x, mla.tensor(slots, "i64", "cpu"))
+    return
+  end
+  -- replicate: write template pages, then copy them page-block by page-block
+  local pages = c:layer(layer)
+  local nb, bs = c.num_blocks, c.block_size
+  local tp = math.min(o.template_pages or 16, nb)
+  local tslots = {}
+  for i = 0, tp * bs - 1 do tslots[#tslots + 1] = i end
+  local x = mla.randn({ #tslots, L.dim }, { std = o.kv_std or 1, device = "cpu" })
+  c:write(layer, x, mla.tensor(tslots, "i64", "cpu"))
+  local done = tp
+  while done < nb do
+    local n = math.min(done, nb - done)
+    pages:narrow(0, done, n):copy(pages:narrow(0, 0, n))
+    done = done + n
+  end
+end
+
+local function make_q(o, L)
+  local shape = { o.b, o.s_q, o.h_q, L.k_dims }
+  local dev = o.device
+  if not o.q_pad then return mla.randn(shape, { std = o.q_std or 1, dtype = "bf16", device = dev }) end
+  -- padded on every dim (last by 128, others by 1), then sliced back: FlashMLA's non-contiguity wrapper
+  local big = mla.randn({ o.b + 1, o.s_q + 1, o.h_q + 1, L.k_dims + 128 }, { std = o.q_std or 1, dtype = "bf16", device = dev })
+  return big:narrow(0, 1, o.b):narrow(1, 1, o.s_q):narrow(2, 1, o.h_q):narrow(3, 64, L.k_dims)
+end
+
+--- Dense case: per-request lengths over permuted pages.
+function M.dense(o)
+  local L = layout.get(o.layout)
+  local bs = o.block_size or 64
+  local lens = o.lens
+  if not lens then
+    lens = {}
+    for r = 1, o.b do lens[r] = o.len end
+  end
+  assert(#lens == o.b, "attention_cases.dense: lens must have b entries")
+  local draw = rng(o.seed)
+  local need, max_blocks = 0, 1
+  for r = 1, o.b do
+    local nbk = (lens[r] + bs - 1) // bs
+    need = need + nbk
+    if nbk > max_blocks then max_blocks = nbk end
+  end
+  max_blocks = max_blocks + (o.extra_columns or 1) -- columns past the last used one hold garbage
+  local num_blocks = need + (o.extra_blocks or 0)
+  if num_blocks < 1 then num_blocks = 1 end
+  local perm = permutation(num_blocks, draw)
+  local bt, slots, k = {}, {}, 0
+  for r = 1, o.b do
+    local row = {}
+    for j = 1, max_blocks do row[j] = M.GARBAGE end
+    local nbk = (lens[r] + bs - 1) // bs
+    for j = 1, nbk do
+      k = k + 1
+      row[j] = perm[k]
+      local n = math.min(bs, lens[r] - (j - 1) * bs)
+      for t = 0, n - 1 do slots[#slots + 1] = perm[k] * bs + t end
+    end
+    bt[r] = row
+  end
+  local c = new_cache(o, num_blocks)
+  write_rows(c, o, slots)
+  local dev = c.device
+  return {
+    kind = "dense", layout = L, cache = c, view = c:view(o.layer or 0), q = make_q(o, L),
+    block_table = mla.tensor(bt, "i32", dev), cache_lens = mla.tensor(lens, "i32", dev),
+    lens = lens, b = o.b, s_q = o.s_q, h_q = o.h_q, block_size = bs, written = #slots,
+  }
+end
+
+--- Sparse case: every (request, query) row lists topk slots of a pool of
+-- written tokens, with -1 holes; some rows all -1; optional topk_len.
+function M.sparse(o)
+  local L = layout.get(o.layout)
+  local bs = o.block_size or 64
+  local draw = rng(o.seed)
+  local pool = o.pool or math.max(o.topk * 2, bs)
+  local num_blocks = (pool + bs - 1) // bs + (o.extra_blocks or 1)
+  local perm = permutation(num_blocks * bs, draw) -- pool tokens scattered over all slots
+  local pool_slots = {}
+  for i = 1, pool do pool_slots[i] = perm[i] end
+  local empty = {}
+  for _, e in ipairs(o.empty_rows or {}) do empty[e[1] * 1000003 + e[2]] = true end
+  local tl
+  if o.topk_len == true then
+    tl = {}
+    for r = 1, o.b do tl[r] = draw(o.topk + 1) end
+  elseif o.topk_len then
+    tl = o.topk_len
+  end
+  local idx = {}
+  for r = 0, o.b - 1 do
+    local rr = {}
+    for i = 0, o.s_q - 1 do
+      local row = {}
+      local pick = o.unique ~= false and permutation(pool, draw) or nil
+      for j = 1, o.topk do
+        local v
+        if empty[r * 1000003 + i] then v = -1
+        elseif tl and j > tl[r + 1] then v = (j % 3 == 0) and M.GARBAGE or -1 -- never read: garbage past topk_len
+        elseif o.invalid and draw(1000000) < o.invalid * 1000000 then v = -1
+        else v = pool_slots[(pick and pick[((j - 1) % pool) + 1] or draw(pool)) + 1] end
+        row[j] = v
+      end
+      rr[i + 1] = row
+    end
+    idx[r + 1] = rr
+  end
+  local c = new_cache(o, num_blocks)
+  write_rows(c, o, pool_slots)
+  local dev = c.device
+  return {
+    kind = "sparse", layout = L, cache = c, view = c:view(o.layer or 0), q = make_q(o, L),
+    indices = mla.tensor(idx, "i32", dev), topk_len = tl and mla.tensor(tl, "i32", dev) or nil,
+    b = o.b, s_q = o.s_q, h_q = o.h_q, topk = o.topk, block_size = bs, written = #pool_slots,
+  }
+end
+
+--- Arguments of mla.attention.decode for a case, plus extra options.
+function M.args(case, extra)
+  local a = { q = case.q, cache = case.view }
+  if case.kind == "dense" then a.block_table, a.cache_lens = case.block_table, case.cache_lens
+  else a.indices, a.topk_len = case.indices, case.topk_len end
+  for k, v in pairs(extra or {}) do a[k] = v end
+  return a
+end
+
+--- Attended keys of a case: the sum of lengths (dense; no causal trimming)
+-- or of valid index entries within topk_len (sparse). Each is one cached
+-- token row read from memory (sparse rows of one request are not deduplicated).
+function M.attended(case)
+  local n = 0
+  if case.kind == "dense" then
+    for _, l in ipairs(case.lens) do n = n + l end
+    return n
+  end
+  local tl = case.topk_len and case.topk_len:to("cpu"):totable() or nil
+  for r, rr in ipairs(case.indices:to("cpu"):totable()) do
+    for _, row in ipairs(rr) do
+      for j = 1, tl and tl[r] or #row do
+        if row[j] >= 0 then n = n + 1 end
+      end
+    end
+  end
+  return n
+end
+
+return M

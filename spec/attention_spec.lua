@@ -1,0 +1,483 @@
+local mla = require "mlalab"
+local S = require "support"
+local C = require "mlalab.attention_cases"
+
+-- A direct softmax in Lua over rows read back through the layout: the
+-- yardstick for the C reference's semantics (tiny sizes only).
+local function naive(q, keys, scale, sink_h)
+  -- q: list of d_qk numbers; keys: list of rows (dequantized, full dim); returns out (d_v list), lse
+  local d_qk, s, m = #q, {}, -math.huge
+  for j, k in ipairs(keys) do
+    local dot = 0
+    for c = 1, d_qk do dot = dot + q[c] * k[c] end
+    s[j] = dot * scale
+    if s[j] > m then m = s[j] end
+  end
+  if #keys == 0 then return nil, math.huge end
+  local l = 0
+  for j = 1, #keys do l = l + math.exp(s[j] - m) end
+  local lse = m + math.log(l)
+  return s, lse
+end
+
+local function weighted(keys, s, lse, d_v, factor)
+  local o = {}
+  for c = 1, d_v do o[c] = 0 end
+  for j, k in ipairs(keys) do
+    local p = math.exp(s[j] - lse) * factor
+    for c = 1, d_v do o[c] = o[c] + p * k[c] end
+  end
+  return o
+end
+
+local function rows_of(case, slots)
+  if #slots == 0 then return {} end
+  local t = case.cache:read(case.view.layer, mla.tensor(slots, "i64", "cpu"))
+  return t:totable()
+end
+
+local function q_row(case, r, i, h)
+  return case.q:select(0, r):select(0, i):select(0, h):to({ dtype = "f32", device = "cpu" }):totable()
+end
+
+local function max_abs_diff(a, b)
+  local m = 0
+  for i = 1, #a do m = math.max(m, math.abs(a[i] - b[i])) end
+  return m
+end
+
+local function slots_dense(case, r, upto)
+  local bt = case.block_table:to("cpu"):totable()[r + 1]
+  local out = {}
+  for p = 0, upto - 1 do out[#out + 1] = bt[p // case.block_size + 1] * case.block_size + p % case.block_size end
+  return out
+end
+
+local function ref(case, extra)
+  local a = C.args(case, extra)
+  a.impl = "ref"
+  return mla.attention.decode(a)
+end
+
+local function out_row(out, r, i, h) return out:select(0, r):select(0, i):select(0, h):totable() end
+local function lse_at(lse, r, h, i) return lse:get({ r, h, i }) end
+
+describe("attention reference (CPU)", function()
+  it("dense decode equals a direct softmax over the dequantized rows of each request", function()
+    mla.manual_seed(11)
+    local case = C.dense { layout = "fp8_ds_mla", b = 2, s_q = 1, h_q = 2, lens = { 37, 20 }, block_size = 16, device = "cpu" }
+    local scale = 1 / math.sqrt(576)
+    local out, lse = ref(case, { scale = scale })
+    local checked = 0
+    for r = 0, 1 do
+      local keys = rows_of(case, slots_dense(case, r, case.lens[r + 1]))
+      for h = 0, 1 do
+        local s, want_lse = naive(q_row(case, r, 0, h), keys, scale)
+        local want = weighted(keys, s, want_lse, 512, 1)
+        assert.is_true(math.abs(lse_at(lse, r, h, 0) - want_lse) < 1e-5)
+        assert.is_true(max_abs_diff(out_row(out, r, 0, h), want) < 1e-6)
+        checked = checked + 1
+      end
+    end
+    assert.equal(4, checked)
+  end)
+
+  it("V is the first v_dims dims of K: on fp8_v4 (d_qk = d_v = 512) V includes the RoPE dims", function()
+    mla.manual_seed(12)
+    local case = C.dense { layout = "fp8_v4", b = 1, s_q = 1, h_q = 1, lens = { 9 }, block_size = 64, device = "cpu" }
+    local out, lse = ref(case, { scale = 0.05 })
+    local keys = rows_of(case, slots_dense(case, 0, 9))
+    local s, want_lse = naive(q_row(case, 0, 0, 0), keys, 0.05)
+    local want = weighted(keys, s, want_lse, 512, 1)
+    local got = out_row(out, 0, 0, 0)
+    assert.is_true(max_abs_diff(got, want) < 1e-6)
+    assert.is_true(math.abs(got[500]) > 0) -- a RoPE dim (448..511) carries V
+    assert.is_true(math.abs(lse_at(lse, 0, 0, 0) - want_lse) < 1e-5)
+  end)
+
+  it("causal mask: query i of s_q sees positions [0, s_k - s_q + i]", function()
+    mla.manual_seed(13)
+    local case = C.dense { layout = "bf16", b = 1, s_q = 3, h_q = 2, lens = { 21 }, block_size = 8, device = "cpu" }
+    local out, lse = ref(case)
+    local scale = 1 / math.sqrt(576)
+    for i = 0, 2 do
+      local keys = rows_of(case, slots_dense(case, 0, 21 - 3 + i + 1))
+      for h = 0, 1 do
+        local s, want_lse = naive(q_row(case, 0, i, h), keys, scale)
+        assert.is_true(math.abs(lse_at(lse, 0, h, i) - want_lse) < 1e-5)
+        assert.is_true(max_abs_diff(out_row(out, 0, i, h), weighted(keys, s, want_lse, 512, 1)) < 1e-6)
+      end
+    end
+    -- and without the mask every query sees all 21 keys
+    local out2 = ref(case, { causal = false })
+    assert.is_true(max_abs_diff(out_row(out2, 0, 0, 0), out_row(out2, 0, 2, 0)) > 0) -- different q, same keys
+    assert.is_true(max_abs_diff(out_row(out2, 0, 2, 1), out_row(out, 0, 2, 1)) == 0) -- the last query saw all keys anyway
+  end)
+
+  it("a causal query with no visible key (s_q > s_k) gets lse = +inf and a zero output", function()
+    mla.manual_seed(14)
+    local case = C.dense { layout = "bf16", b = 1, s_q = 3, h_q = 1, lens = { 1 }, block_size = 8, device = "cpu" }
+    local out, lse = ref(case)
+    assert.equal(math.huge, lse_at(lse, 0, 0, 0))
+    assert.equal(math.huge, lse_at(lse, 0, 0, 1))
+    assert.is_true(lse_at(lse, 0, 0, 2) < math.huge)
+    for _, v in ipairs(out_row(out, 0, 0, 0)) do assert.equal(0, v) end
+  end)
+
+  it("zero-length requests give lse = +inf and zero output, next to normal ones", function()
+    mla.manual_seed(15)
+    local case = C.dense { layout = "fp8_pertensor", b = 3, s_q = 1, h_q = 2, lens = { 0, 19, 0 }, block_size = 16, device = "cpu" }
+    local out, lse = ref(case)
+    local zeros = 0
+    for _, r in ipairs { 0, 2 } do
+      for h = 0, 1 do
+        assert.equal(math.huge, lse_at(lse, r, h, 0))
+        for _, v in ipairs(out_row(out, r, 0, h)) do
+          assert.equal(0, v)
+          zeros = zeros + 1
+        end
+      end
+    end
+    assert.equal(4 * 512, zeros)
+    assert.is_true(lse_at(lse, 1, 0, 0) < math.huge and lse_at(lse, 1, 0, 0) > -math.huge)
+  end)
+
+  it("sparse decode skips -1 entries: the result equals the one over the valid entries alone", function()
+    mla.manual_seed(16)
+    local case = C.sparse { layout = "fp8_ds_mla", b = 1, s_q = 2, h_q = 2, topk = 24, pool = 40, invalid = 0.3,
+      block_size = 16, device = "cpu" }
+    local scale = 576 ^ -0.55
+    local out, lse = ref(case, { scale = scale })
+    local idx = case.indices:to("cpu"):totable()
+    local holes = 0
+    for i = 0, 1 do
+      local slots = {}
+      for _, v in ipairs(idx[1][i + 1]) do
+        if v >= 0 then slots[#slots + 1] = v else holes = holes + 1 end
+      end
+      local keys = rows_of(case, slots)
+      for h = 0, 1 do
+        local s, want_lse = naive(q_row(case, 0, i, h), keys, scale)
+        assert.is_true(math.abs(lse_at(lse, 0, h, i) - want_lse) < 1e-5)
+        assert.is_true(max_abs_diff(out_row(out, 0, i, h), weighted(keys, s, want_lse, 512, 1)) < 1e-6)
+      end
+    end
+    assert.is_true(holes > 0)
+  end)
+
+  it("a sparse row of only -1 entries gets lse = +inf and a zero output", function()
+    mla.manual_seed(17)
+    local case = C.sparse { layout = "bf16", b = 2, s_q = 2, h_q = 2, topk = 16, block_size = 16, device = "cpu",
+      empty_rows = { { 1, 0 } } }
+    local out, lse = ref(case)
+    for h = 0, 1 do
+      assert.equal(math.huge, lse_at(lse, 1, h, 0))
+      for _, v in ipairs(out_row(out, 1, 0, h)) do assert.equal(0, v) end
+      assert.is_true(lse_at(lse, 1, h, 1) < math.huge)
+    end
+  end)
+
+  it("topk_len: only the first topk_len[r] entries are read (garbage past them raises no error)", function()
+    mla.manual_seed(18)
+    local case = C.sparse { layout = "fp8_v4", b = 3, s_q = 1, h_q = 1, topk = 12, block_size = 16, device = "cpu",
+      topk_len = { 5, 0, 12 } }
+    local out, lse = ref(case, { scale = 0.04 })
+    local idx = case.indices:to("cpu"):totable()
+    assert.equal(C.GARBAGE, idx[1][1][6]) -- past topk_len, a slot far outside the cache
+    local keys = rows_of(case, { table.unpack(idx[1][1], 1, 5) })
+    local s, want_lse = naive(q_row(case, 0, 0, 0), keys, 0.04)
+    assert.is_true(math.abs(lse_at(lse, 0, 0, 0) - want_lse) < 1e-5)
+    assert.is_true(max_abs_diff(out_row(out, 0, 0, 0), weighted(keys, s, want_lse, 512, 1)) < 1e-6)
+    assert.equal(math.huge, lse_at(lse, 1, 0, 0)) -- topk_len 0: no key
+  end)
+
+  it("the attention sink scales the output by 1 / (1 + exp(sink - lse)) and leaves lse unchanged", function()
+    mla.manual_seed(19)
+    local case = C.sparse { layout = "fp8_ds_mla", b = 1, s_q = 1, h_q = 3, topk = 16, block_size = 16, device = "cpu" }
+    local sink = mla.tensor({ -1.5, 0.25, 3.0 }, "f32", "cpu")
+    local out0, lse0 = ref(case)
+    local out1, lse1 = ref(case, { sink = sink })
+    for h = 0, 2 do
+      local l = lse_at(lse0, 0, h, 0)
+      assert.equal(l, lse_at(lse1, 0, h, 0))
+      local f = 1 / (1 + math.exp(sink:get({ h }) - l))
+      local a, b = out_row(out0, 0, 0, h), out_row(out1, 0, 0, h)
+      for c = 1, 512 do assert.is_true(math.abs(a[c] * f - b[c]) <= 1e-6 * math.abs(a[c]) + 1e-12) end
+      assert.is_true(f < 1)
+    end
+  end)
+
+  it("sparse decode over a request's slots in order equals dense decode over the request", function()
+    mla.manual_seed(20)
+    local case = C.dense { layout = "fp8_v4_vllm", b = 2, s_q = 1, h_q = 4, lens = { 30, 45 }, block_size = 16, device = "cpu" }
+    local out_d, lse_d = ref(case)
+    local idx = {}
+    for r = 0, 1 do
+      local row = slots_dense(case, r, case.lens[r + 1])
+      for j = #row + 1, 48 do row[j] = -1 end
+      idx[r + 1] = { row }
+    end
+    local out_s, lse_s = mla.attention.decode { q = case.q, cache = case.view, indices = mla.tensor(idx, "i32", "cpu"), impl = "ref" }
+    assert.is_true(mla.compare(out_s, out_d, { atol = 1e-7 }).ok)
+    assert.is_true(mla.compare(lse_s, lse_d, { atol = 1e-6 }).ok)
+  end)
+
+  it("reads a layer of a block-major cross-layer cache through its strides, ignoring NaN neighbours", function()
+    mla.manual_seed(21)
+    local lens = { 40, 70 }
+    local cross = C.dense { layout = "fp8_ds_mla", b = 2, s_q = 1, h_q = 2, lens = lens, block_size = 16, device = "cpu",
+      num_layers = 3, layer = 1, order = "block_major", seed = 5 }
+    assert.is_false(cross.view.pages:is_contiguous())
+    -- the same pages and rows in a plain cache: copy the layer's bytes over
+    local plain = C.dense { layout = "fp8_ds_mla", b = 2, s_q = 1, h_q = 2, lens = lens, block_size = 16, device = "cpu", seed = 5 }
+    plain.view.pages:copy(cross.view.pages)
+    plain.q = cross.q
+    local o1, l1 = ref(cross)
+    local o2, l2 = ref(plain)
+    local r = mla.compare(o1, o2, "exact")
+    assert.is_true(r.ok)
+    assert.is_true(r.compared > 0)
+    assert.is_true(mla.compare(l1, l2, "exact").ok)
+    local any_nonzero = false
+    for _, v in ipairs(out_row(o1, 1, 0, 1)) do any_nonzero = any_nonzero or v ~= 0 end
+    assert.is_true(any_nonzero)
+  end)
+end)
+
+describe("attention argument errors", function()
+  local case
+  local function base() return C.args(case, { impl = "ref" }) end
+  local function with(changes)
+    local a = base()
+    for k, v in pairs(changes) do
+      if v == "nil" then a[k] = nil else a[k] = v end
+    end
+    return a
+  end
+  local function err(changes, text) S.assert_error_contains(function() mla.attention.decode(with(changes)) end, text) end
+
+  setup(function()
+    mla.manual_seed(30)
+    case = C.dense { layout = "fp8_ds_mla", b = 2, s_q = 1, h_q = 2, lens = { 10, 20 }, block_size = 16, device = "cpu" }
+  end)
+
+  it("names a q of the wrong dtype, rank or width", function()
+    err({ q = case.q:to("f32") }, "q must be bf16")
+    err({ q = case.q:select(1, 0) }, "q must be [b, s_q, h_q, d_qk]")
+    err({ q = case.q:narrow(3, 0, 512) }, "q has d_qk = 512 but layout 'fp8_ds_mla' stores K as 576 dims")
+  end)
+
+  it("needs either dense or sparse inputs, not both, not neither", function()
+    err({ indices = mla.full({ 2, 1, 4 }, -1, "i32", "cpu") }, "not both")
+    err({ block_table = "nil" }, "dense decode needs block_table and cache_lens")
+    err({ topk_len = mla.zeros({ 2 }, "i32", "cpu") }, "topk_len applies to sparse decode")
+  end)
+
+  it("rejects causal for sparse decode", function()
+    S.assert_error_contains(function()
+      mla.attention.decode { q = case.q, cache = case.view, indices = mla.full({ 2, 1, 4 }, -1, "i32", "cpu"), causal = true }
+    end, "causal applies to dense decode")
+  end)
+
+  it("names a block-table entry that is not a page", function()
+    local bt = case.block_table:clone()
+    bt:set({ 1, 0 }, 9999)
+    err({ block_table = bt }, "block_table[1, 0] = 9999 is not a page of the cache")
+  end)
+
+  it("names a cache length that needs more blocks than the table has", function()
+    err({ cache_lens = mla.tensor({ 10, 999 }, "i32", "cpu") }, "cache_lens[1] = 999 needs 63 blocks of 16 tokens but block_table has")
+    err({ cache_lens = mla.tensor({ -1, 3 }, "i32", "cpu") }, "cache_lens[0] = -1 is negative")
+  end)
+
+  it("names an index that is neither -1 nor a slot, and a topk_len out of range", function()
+    local idx = mla.full({ 2, 1, 4 }, -1, "i32", "cpu")
+    idx:set({ 0, 0, 2 }, -7)
+    S.assert_error_contains(function()
+      mla.attention.decode { q = case.q, cache = case.view, indices = idx, impl = "ref" }
+    end, "indices[0, 0, 2] = -7 is neither -1 nor a slot")
+    S.assert_error_contains(function()
+      mla.attention.decode { q = case.q, cache = case.view, indices = mla.full({ 2, 1, 4 }, -1, "i32", "cpu"),
+        topk_len = mla.tensor({ 5, 0 }, "i32", "cpu"), impl = "ref" }
+    end, "topk_len[0] = 5 is outside [0, topk = 4]")
+  end)
+
+  it("checks indices of the wrong shape, dtype and the sink's shape", function()
+    S.assert_error_contains(function()
+      mla.attention.decode { q = case.q, cache = case.view, indices = mla.full({ 2, 2, 4 }, -1, "i32", "cpu"), impl = "ref" }
+    end, "indices must be [b, s_q, topk]")
+    err({ block_table = case.block_table:to("f32") }, "block_table must hold integers")
+    err({ sink = mla.zeros({ 3 }, "f32", "cpu") }, "sink must be [h_q]")
+  end)
+
+  it("checks scale, impl, unknown options and the cache argument", function()
+    err({ scale = -1 }, "scale must be a finite positive number")
+    err({ impl = "fast" }, "impl must be 'ref', 'baked' or 'jit'")
+    err({ impl = "baked" }, "impl 'baked' runs on a GPU: the cache pages are on the CPU")
+    err({ colour = 1 }, "unknown option 'colour'")
+    err({ cache = case.view.pages }, "cache must be a cache view")
+  end)
+
+  it("asks for the per-tensor scale of an fp8_pertensor cache given as bare pages", function()
+    local c = C.dense { layout = "fp8_pertensor", b = 1, s_q = 1, h_q = 1, lens = { 4 }, block_size = 16, device = "cpu" }
+    S.assert_error_contains(function()
+      mla.attention.decode { q = c.q, pages = c.view.pages, layout = "fp8_pertensor", block_size = 16,
+        block_table = c.block_table, cache_lens = c.cache_lens }
+    end, "pass tensor_scale")
+  end)
+end)
+
+-- GPU: baked and JIT kernels against the reference ----------------------------------
+
+local DENSE_OUT = "flashmla_dense_decode"
+local SPARSE_OUT = "flashmla_sparse_decode"
+
+-- Compares a GPU result with the reference: out against the reference
+-- rounded to bf16 (as FlashMLA does), lse as is. Returns the two results.
+local function against_ref(case, opts, out, lse, preset)
+  local ro, rl = ref(case, opts)
+  local got_o = out:to({ dtype = "f32", device = "cpu" })
+  local want_o = ro:to("bf16"):to("f32")
+  local r1 = mla.compare(got_o, want_o, { preset = preset, name = "out" })
+  local r2 = mla.compare(lse:to("cpu"), rl, { preset = "flashmla_lse", name = "lse" })
+  if not r1.ok then error(r1:report(), 2) end
+  if not r2.ok then error(r2:report(), 2) end
+  assert.is_true(r1.compared > 0 and r2.compared > 0)
+  return r1, r2
+end
+
+local function run(case, impl, opts)
+  local a = C.args(case, opts)
+  a.impl = impl
+  return mla.attention.decode(a)
+end
+
+local MLA_LAYOUTS = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_v4", "fp8_v4_vllm", "fp4_v41" }
+
+for _, impl in ipairs { "baked", "jit" } do
+  describe("attention " .. impl .. " vs reference", function()
+    it("dense decode on every MLA layout, with a zero-length request #gpu", function()
+      local n = 0
+      for k, name in ipairs(MLA_LAYOUTS) do
+        mla.manual_seed(100 + k)
+        local case = C.dense { layout = name, b = 4, s_q = 1, h_q = 16, lens = { 300, 0, 1100, 64 }, tensor_scale = 0.5 }
+        local out, lse = run(case, impl)
+        against_ref(case, {}, out, lse, DENSE_OUT)
+        assert.equal(math.huge, lse:to("cpu"):get({ 1, 3, 0 }))
+        n = n + 1
+      end
+      assert.equal(#MLA_LAYOUTS, n)
+    end)
+
+    it("sparse decode on every MLA layout, with -1 holes, an all -1 row and topk_len #gpu", function()
+      for k, name in ipairs(MLA_LAYOUTS) do
+        mla.manual_seed(200 + k)
+        local case = C.sparse { layout = name, b = 3, s_q = 2, h_q = 64, topk = 192, pool = 700, invalid = 0.2,
+          empty_rows = { { 1, 1 } }, topk_len = { 192, 77, 130 }, block_size = 64 }
+        local opts = { scale = case.layout.k_dims ^ -0.55 }
+        local out, lse = run(case, impl, opts)
+        against_ref(case, opts, out, lse, SPARSE_OUT)
+        local l = lse:to("cpu")
+        assert.equal(math.huge, l:get({ 1, 0, 1 }))
+        assert.is_true(l:get({ 1, 0, 0 }) < math.huge)
+      end
+    end)
+
+    it("128 heads and s_q = 2 under the causal mask (MTP), page size 64 #gpu", function()
+      mla.manual_seed(300)
+      local case = C.dense { layout = "fp8_ds_mla", b = 2, s_q = 2, h_q = 128, lens = { 513, 1 } }
+      local out, lse = run(case, impl)
+      against_ref(case, {}, out, lse, DENSE_OUT)
+      assert.equal(math.huge, lse:to("cpu"):get({ 1, 5, 0 })) -- s_k = 1: the first query sees nothing
+    end)
+
+    it("32 query rows per request (h_q 16, s_q 2) and odd page sizes 16 and 33 #gpu", function()
+      for k, bs in ipairs { 16, 33 } do
+        mla.manual_seed(400 + k)
+        local case = C.dense { layout = k == 1 and "bf16" or "fp8_v4", b = 3, s_q = 2, h_q = 16, lens = { 250, 97, 3 },
+          block_size = bs, page_pad = k == 1 and 16 or 576 }
+        local out, lse = run(case, impl)
+        against_ref(case, {}, out, lse, DENSE_OUT)
+      end
+    end)
+
+    it("non-contiguous q and a padded cache view #gpu", function()
+      mla.manual_seed(500)
+      local case = C.dense { layout = "fp8_ds_mla", b = 3, s_q = 1, h_q = 8, lens = { 200, 400, 30 }, q_pad = true,
+        page_pad = 656 }
+      assert.is_false(case.q:is_contiguous())
+      local out, lse = run(case, impl)
+      against_ref(case, {}, out, lse, DENSE_OUT)
+      -- heads innermost in memory: q's last dim has stride h_q (no vector loads)
+      case.q = mla.randn({ 3, 1, 576, 8 }, { dtype = "bf16", device = "cuda" }):permute({ 0, 1, 3, 2 })
+      assert.equal(8, case.q:stride(3))
+      out, lse = run(case, impl)
+      against_ref(case, {}, out, lse, DENSE_OUT)
+    end)
+
+    it("a layer of a block-major cross-layer cache whose neighbours are NaN #gpu", function()
+      for k, name in ipairs { "bf16", "fp8_v4" } do
+        mla.manual_seed(600 + k)
+        local case = C.dense { layout = name, b = 2, s_q = 1, h_q = 16, lens = { 700, 260 }, num_layers = 3, layer = 1,
+          order = "block_major" }
+        assert.is_false(case.view.pages:is_contiguous())
+        local out, lse = run(case, impl)
+        against_ref(case, {}, out, lse, DENSE_OUT)
+      end
+    end)
+  end)
+end
+
+describe("attention baked kernels", function()
+  it("give the same answer with one split, several, and the automatic count #gpu", function()
+    mla.manual_seed(700)
+    local case = C.dense { layout = "fp8_ds_mla", b = 2, s_q = 1, h_q = 16, lens = { 2000, 900 } }
+    local seen = {}
+    for _, splits in ipairs { 1, 7, 0 } do
+      local out, lse, plan = run(case, "baked", { splits = splits })
+      if splits > 0 then assert.equal(splits, plan.splits) end
+      seen[#seen + 1] = plan.splits
+      against_ref(case, {}, out, lse, DENSE_OUT)
+    end
+    assert.is_true(seen[3] >= 1)
+  end)
+
+  it("apply the attention sink with one split and through the combine #gpu", function()
+    mla.manual_seed(710)
+    local case = C.sparse { layout = "fp8_ds_mla", b = 2, s_q = 1, h_q = 64, topk = 256, pool = 600, invalid = 0.1 }
+    local sink = mla.randn({ 64 }, { device = "cuda" })
+    for _, splits in ipairs { 1, 4 } do
+      local opts = { sink = sink, splits = splits, scale = 576 ^ -0.55 }
+      local out, lse = run(case, "baked", opts)
+      against_ref(case, { sink = sink:to("cpu"), scale = opts.scale }, out, lse, SPARSE_OUT)
+    end
+  end)
+
+  it("address pages past 4 GiB of a 61-layer block-major cache (64-bit offsets) #gpu", function()
+    mla.manual_seed(720)
+    -- 61 layers x 64 tokens x 1152 B: stride(0) = 4,497,408 B; block 960 starts past 2^32 bytes
+    local L = mla.layout.get("bf16")
+    local c = mla.cache.new { layout = L, num_blocks = 1000, block_size = 64, num_layers = 61, order = "block_major", device = "cuda" }
+    c.buffers[1]:fill(255)
+    local layer, pages = 60, { 997, 960, 999 }
+    local slots = {}
+    for _, p in ipairs(pages) do for t = 0, 63 do slots[#slots + 1] = p * 64 + t end end
+    c:write(layer, mla.randn({ #slots, L.dim }, { device = "cpu" }), mla.tensor(slots, "i64", "cpu"))
+    assert.is_true(c:layer(layer):stride(0) * 960 > 1 << 32)
+    local case = { kind = "dense", layout = L, cache = c, view = c:view(layer), lens = { 150, 64 },
+      q = mla.randn({ 2, 1, 16, 576 }, { dtype = "bf16", device = "cuda" }),
+      block_table = mla.tensor({ { 997, 960, 999 }, { 999, C.GARBAGE, C.GARBAGE } }, "i32", "cuda"),
+      cache_lens = mla.tensor({ 150, 64 }, "i32", "cuda"), block_size = 64 }
+    local out, lse = run(case, "baked")
+    against_ref(case, {}, out, lse, DENSE_OUT)
+  end)
+
+  it("treat out-of-range pages as missing keys when checks are off (no fault) #gpu", function()
+    mla.manual_seed(730)
+    local case = C.dense { layout = "bf16", b = 1, s_q = 1, h_q = 16, lens = { 64 } }
+    case.block_table = mla.tensor({ { 123456789, C.GARBAGE } }, "i32", "cuda")
+    local out, lse = run(case, "baked", { check = false })
+    assert.equal(math.huge, lse:to("cpu"):get({ 0, 0, 0 }))
+    assert.equal(0, out:to("f32"):to("cpu"):get({ 0, 0, 0, 7 }))
+  end)
+end)

@@ -1,0 +1,172 @@
+// Launcher of the baked decode kernels: picks the rows per CTA, the staging
+// (plain bf16 rows or raw bytes + dequant), the pipeline depth from shared
+// memory, the split count from the SM count and the batch; runs the split
+// kernel and, with several splits, the combine.
+#include "attn_decode.h"
+
+#include <string.h>
+
+#include "attn_decode_kernel.cuh"
+#include "device.h"
+#include "mla_error.h"
+
+namespace {
+
+using namespace mla_attn;
+
+int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
+
+// Byte offset of dim 0 when one bf16 field holds dims [0, dqk) and rows are
+// 16-byte aligned everywhere, so tiles are plain copies; else -1.
+int identity_offset(const mla_layout_desc &d, const mla_cache_view &v, int dqk) {
+  for (int f = 0; f < d.nfields; f++) {
+    const mla_layout_field &fd = d.fields[f];
+    if (fd.role != MLA_FIELD_DATA || fd.dtype != MLA_BF16 || fd.dim_lo != 0 || fd.count < dqk || fd.region != 0 ||
+        fd.scale_kind != MLA_SCALE_NONE || fd.byte_off % 16)
+      continue;
+    const uintptr_t a = (uintptr_t)v.base + (uintptr_t)d.region_off[0] + (uintptr_t)fd.byte_off;
+    if (a % 16 || v.page_stride % 16 || v.token_stride % 16) return -1;
+    return fd.byte_off;
+  }
+  return -1;
+}
+
+// Largest cp.async size (16, 8, 4) every token row of a region allows; 1 = byte copies.
+int region_granularity(const mla_layout_desc &d, const mla_cache_view &v, int r) {
+  const uintptr_t a = (uintptr_t)v.base + (uintptr_t)d.region_off[r];
+  const int64_t rs = r == 0 ? v.token_stride : d.region_row_bytes[r];
+  for (int g = 16; g >= 4; g /= 2)
+    if (a % g == 0 && v.page_stride % g == 0 && rs % g == 0 && d.region_row_bytes[r] % g == 0) return g;
+  return 1;
+}
+
+template <int MR, int DQK> const void *kernel_fn() { return (const void *)attn_decode_kernel<MR, DQK>; }
+
+const void *kernel_for(int mr, int dqk) {
+  if (dqk == 576) return mr == 16 ? kernel_fn<16, 576>() : mr == 32 ? kernel_fn<32, 576>() : kernel_fn<64, 576>();
+  return mr == 16 ? kernel_fn<16, 512>() : mr == 32 ? kernel_fn<32, 512>() : kernel_fn<64, 512>();
+}
+
+int smem_total(int mr, int dqk, int identity, int pitch, int nst) {
+  if (dqk == 576)
+    return mr == 16 ? make_smem_plan<16, 576>(identity, pitch, nst).total
+         : mr == 32 ? make_smem_plan<32, 576>(identity, pitch, nst).total : make_smem_plan<64, 576>(identity, pitch, nst).total;
+  return mr == 16 ? make_smem_plan<16, 512>(identity, pitch, nst).total
+       : mr == 32 ? make_smem_plan<32, 512>(identity, pitch, nst).total : make_smem_plan<64, 512>(identity, pitch, nst).total;
+}
+
+int threads_for(int mr) { return mr == 64 ? shape<64>::NT : mr == 32 ? shape<32>::NT : shape<16>::NT; }
+
+// Deepest pipeline (2 to 4 tiles) that fits `budget` bytes; 0 if none does.
+int stages_within(int mr, int dqk, int identity, int pitch, int64_t budget) {
+  for (int n = 4; n >= 2; n--)
+    if (smem_total(mr, dqk, identity, pitch, n) <= budget) return n;
+  return 0;
+}
+
+} // namespace
+
+extern "C" int mla_attn_baked_supports(const mla_layout_desc *d, const mla_attn_args *a) {
+  if (a->d_qk != 512 && a->d_qk != 576)
+    return mla_err("the baked decode kernels take d_qk = 512 or 576, got %lld (impl='jit' or 'ref' take any)", (long long)a->d_qk);
+  if (a->d_v != DV) return mla_err("the baked decode kernels take d_v = %d, got %lld", DV, (long long)a->d_v);
+  if (d->k_dims != a->d_qk || d->v_dims != a->d_v)
+    return mla_err("the layout has k_dims %d / v_dims %d but q implies %lld / %lld", d->k_dims, d->v_dims,
+                   (long long)a->d_qk, (long long)a->d_v);
+  return 1;
+}
+
+extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_view *v, const mla_attn_args *a,
+                                    int64_t max_keys, int splits, void *out, float *lse, int dev, mla_attn_plan *plan) {
+  if (mla_attn_baked_supports(d, a) != 1) return -1;
+  if (mla_device_use(dev)) return -1;
+  cudaStream_t stream = mla_device_stream(dev);
+  mla_device_props props;
+  if (mla_device_props_get(dev, &props)) return -1;
+
+  const int64_t rows = mla_attn_rows(a), problems = mla_attn_problems(a);
+  if (rows < 1 || problems < 1) return 0; // nothing to compute (empty batch)
+  const int dqk = (int)a->d_qk;
+  const int mr = rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+  const int64_t row_chunks = (rows + mr - 1) / mr;
+
+  params p;
+  memset(&p, 0, sizeof p);
+  p.d = *d, p.v = *v;
+  p.q = (const uint16_t *)a->q;
+  p.qs0 = a->q_stride[0], p.qs1 = a->q_stride[1], p.qs2 = a->q_stride[2], p.qs3 = a->q_stride[3];
+  p.b = (int)a->b, p.s_q = (int)a->s_q, p.h_q = (int)a->h_q, p.rows = (int)rows, p.row_chunks = (int)row_chunks;
+  p.sparse = a->sparse, p.causal = a->causal;
+  p.block_table = a->block_table, p.max_blocks = (int)a->max_blocks, p.cache_lens = a->cache_lens;
+  p.indices = a->indices, p.topk = (int)a->topk, p.topk_len = a->topk_len, p.sink = a->sink;
+  p.scale_log2 = a->scale * 1.4426950408889634f;
+  p.q_vec = p.qs3 == 1 && p.qs0 % 8 == 0 && p.qs1 % 8 == 0 && p.qs2 % 8 == 0 && (uintptr_t)a->q % 16 == 0;
+
+  const int id_off = identity_offset(*d, *v, dqk);
+  p.identity = id_off >= 0, p.id_off = id_off >= 0 ? id_off : 0;
+  int64_t pitch = 0;
+  for (int r = 0; r < d->nregions; r++) {
+    p.reg_stage_off[r] = (int)pitch;
+    p.reg_bytes[r] = d->region_row_bytes[r];
+    p.reg_gran[r] = region_granularity(*d, *v, r);
+    pitch += round16(d->region_row_bytes[r]);
+  }
+  if (!p.identity && pitch * BN > (int64_t)props.max_smem_optin)
+    return mla_err("token rows of %lld bytes (all regions) do not fit a %d-key tile in shared memory (%d bytes); "
+                   "use impl='jit' or 'ref'", (long long)pitch, BN, props.max_smem_optin);
+  p.stage_pitch = (int)pitch;
+
+  // Pipeline depth: two CTAs per SM for the small row counts (memory-bound
+  // shapes overlap one CTA's math with the other's loads), one for 64 rows.
+  int per_sm = 0;
+  cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+  int ctas_per_sm = mr <= 32 ? 2 : 1;
+  int nst = ctas_per_sm == 2 ? stages_within(mr, dqk, p.identity, p.stage_pitch, per_sm / 2 - 1024) : 0;
+  if (!nst) ctas_per_sm = 1, nst = stages_within(mr, dqk, p.identity, p.stage_pitch, props.max_smem_optin);
+  if (!nst)
+    return mla_err("the decode tile for %d rows and %lld-byte token rows needs %d bytes of shared memory, the device "
+                   "offers %d; use impl='jit' or 'ref'", mr, (long long)pitch, smem_total(mr, dqk, p.identity, p.stage_pitch, 2),
+                   props.max_smem_optin);
+  p.nstages = nst;
+  const int smem = smem_total(mr, dqk, p.identity, p.stage_pitch, nst);
+  const void *fn = kernel_for(mr, dqk);
+  if (mla_cuda_check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "attn_decode: shared memory size"))
+    return -1;
+
+  const int64_t ctas = row_chunks * problems;
+  if (ctas > 0x7fffffff) return mla_err("attn_decode: %lld CTAs per split exceed the grid", (long long)ctas);
+  const int64_t max_tiles = (max_keys + BN - 1) / BN;
+  int ns = splits > 0 ? splits : mla_attn_num_splits(props.sm_count, ctas_per_sm, ctas, max_tiles);
+  if (ns > 65535) ns = 65535;
+  p.nsplits = ns;
+
+  void *ws = NULL;
+  int64_t ws_bytes = 0;
+  if (ns > 1) {
+    const int64_t partial_rows = problems * ns * rows;
+    ws_bytes = partial_rows * DV * 4 + round16(partial_rows * 4);
+    if (mla_device_alloc(dev, ws_bytes, &ws)) return -1;
+    p.o_acc = (float *)ws;
+    p.lse_acc = (float *)((char *)ws + partial_rows * DV * 4);
+  }
+  p.out = (uint16_t *)out, p.lse = lse;
+
+  dim3 grid((unsigned)ctas, (unsigned)ns);
+  const int nt = threads_for(mr);
+  void *args[] = {&p};
+  cudaError_t e = cudaLaunchKernel(fn, grid, dim3(nt), args, (size_t)smem, stream);
+  int rc = e != cudaSuccess ? mla_cuda_check(e, "launch of kernel attn_decode") : mla_launch_check(dev, "attn_decode");
+  if (!rc && ns > 1) {
+    combine_params c;
+    c.o_acc = p.o_acc, c.lse_acc = p.lse_acc, c.nsplits = ns, c.rows = (int)rows, c.problems = (int)problems;
+    c.h_q = p.h_q, c.s_q = p.s_q, c.sparse = p.sparse, c.sink = a->sink, c.out = (uint16_t *)out, c.lse = lse;
+    e = launch_combine(c, stream);
+    rc = e != cudaSuccess ? mla_cuda_check(e, "launch of kernel attn_combine") : mla_launch_check(dev, "attn_combine");
+  }
+  if (ws) mla_device_free(dev, ws, ws_bytes); // stream-ordered: the next user queues behind these kernels
+  if (plan) {
+    plan->splits = ns, plan->rows_per_cta = mr, plan->ctas = (int)(ctas * ns), plan->stages = nst;
+    plan->ctas_per_sm = ctas_per_sm, plan->identity = p.identity, plan->smem = smem;
+  }
+  return rc;
+}

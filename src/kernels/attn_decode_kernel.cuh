@@ -1,0 +1,413 @@
+// The baked MLA decode kernel: one CTA per (problem, row chunk) x KV split.
+// MR query rows (heads x queries of one request, or heads of one sparse
+// query) share every K tile of BN keys, which is what makes absorbed MLA
+// compute-efficient. Per tile:
+//   1. the tile's token rows arrive by cp.async (NSTAGES in flight; slot ids
+//      of the next tiles are looked up one tile ahead);
+//   2. layouts other than plain bf16 are dequantized to bf16 in shared memory
+//      through per-chunk plans made from the layout descriptor;
+//   3. S = Q K^T with mma.sync m16n8k16 (bf16 in, fp32 out), masked, scaled;
+//   4. online softmax in base 2 (row maxima shared through shared memory),
+//      P written to shared memory as bf16;
+//   5. O = alpha O + P V, V being the first 512 dims of the same tile.
+// Each split writes its normalized partial and base-2 LSE (combined by
+// attn_combine.cu), or the final bf16 output when there is one split.
+#ifndef MLA_ATTN_DECODE_KERNEL_CUH
+#define MLA_ATTN_DECODE_KERNEL_CUH
+
+#include <math_constants.h>
+
+#include "attn_decode_params.cuh"
+#include "mla/dequant_chunk.cuh"
+#include "mla/mma.cuh"
+
+namespace mla_attn {
+
+template <int MR> struct shape {
+  static constexpr int NW = MR == 64 ? 8 : 4;            // warps
+  static constexpr int NT = NW * 32;
+  static constexpr int SWN = MR * BN / (16 * NW);        // S columns per warp: 8 or 16
+  static constexpr int SCG = BN / SWN;                   // S column groups
+  static constexpr int MT = MR / 16;                     // 16-row m-tiles in P V
+  static constexpr int DVW = DV / NW;                    // output dims per warp in P V
+  static constexpr int NTV = DVW / 8;                    // 8-dim n-tiles per warp
+  static_assert((MR / 16) * SCG == NW, "every warp owns one 16-row S tile");
+};
+
+// Page and in-page offset of key n of tile `tile`; page -1 when there is no key
+// (past the end, -1 index, page or slot outside the cache).
+__device__ __forceinline__ void token_of(const params &p, int r, int qi, int64_t nkeys, int64_t tile, int n,
+                                         int &page, int &off) {
+  const int64_t k = tile * BN + n;
+  const int64_t bs = p.d.block_size;
+  page = -1, off = 0;
+  if (k >= nkeys) return;
+  if (!p.sparse) {
+    const int64_t blk = k / bs;
+    if (blk >= p.max_blocks) return;
+    const int pg = __ldg(p.block_table + (int64_t)r * p.max_blocks + blk);
+    if (pg < 0 || pg >= p.v.num_pages) return;
+    page = pg, off = (int)(k - blk * bs);
+  } else {
+    const int idx = __ldg(p.indices + ((int64_t)r * p.s_q + qi) * p.topk + k);
+    if (idx < 0 || (int64_t)idx >= p.v.num_pages * bs) return;
+    page = (int)(idx / bs), off = (int)(idx - (int64_t)(idx / bs) * bs);
+  }
+}
+
+// Starts the copies of one tile into a stage; missing keys become zero rows
+// (never stale data: a NaN left in shared memory would survive 0 * NaN in P V).
+template <int MR, int DQK>
+__device__ __forceinline__ void issue_tile(const params &p, unsigned char *stage, const int *pg, const int *of) {
+  constexpr int NT = shape<MR>::NT, KP = DQK + 8;
+  const int tid = threadIdx.x;
+  const unsigned char *base = p.v.base;
+  if (p.identity) {
+    constexpr int CH = DQK / 8; // 16-byte chunks per row
+    for (int idx = tid; idx < BN * CH; idx += NT) {
+      const int n = idx / CH, c = idx - n * CH;
+      const int page = pg[n];
+      const unsigned char *src = base;
+      if (page >= 0)
+        src = base + (int64_t)page * p.v.page_stride + p.d.region_off[0] + (int64_t)of[n] * p.v.token_stride + p.id_off + c * 16;
+      mla::cp_async16(mla::smem_addr(stage + n * KP * 2 + c * 16), src, page >= 0 ? 16 : 0);
+    }
+    return;
+  }
+  for (int r = 0; r < p.d.nregions; r++) {
+    const int gran = p.reg_gran[r], nch = p.reg_bytes[r] / gran;
+    const int64_t rstride = r == 0 ? p.v.token_stride : (int64_t)p.d.region_row_bytes[r];
+    for (int idx = tid; idx < BN * nch; idx += NT) {
+      const int n = idx / nch, c = idx - n * nch;
+      const int page = pg[n];
+      const unsigned char *src = base;
+      if (page >= 0) src = base + (int64_t)page * p.v.page_stride + p.d.region_off[r] + (int64_t)of[n] * rstride + (int64_t)c * gran;
+      unsigned char *dst = stage + n * p.stage_pitch + p.reg_stage_off[r] + c * gran;
+      const int bytes = page >= 0 ? gran : 0;
+      switch (gran) {
+      case 16: mla::cp_async16(mla::smem_addr(dst), src, bytes); break;
+      case 8: mla::cp_async8(mla::smem_addr(dst), src, bytes); break;
+      case 4: mla::cp_async4(mla::smem_addr(dst), src, bytes); break;
+      default: *dst = page >= 0 ? *src : 0; break; // unaligned view: plain byte copy
+      }
+    }
+  }
+}
+
+__device__ __forceinline__ void wait_stages(int nstages) {
+  // leave nstages - 2 groups in flight: the current tile's group has landed
+  switch (nstages) {
+  case 2: mla::cp_async_wait<0>(); break;
+  case 3: mla::cp_async_wait<1>(); break;
+  default: mla::cp_async_wait<2>(); break;
+  }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Query index and head of row rho of a problem.
+__device__ __forceinline__ void row_coords(const params &p, int qi, int rho, int &i, int &h) {
+  if (p.sparse) i = qi, h = rho;
+  else i = rho / p.h_q, h = rho - (rho / p.h_q) * p.h_q;
+}
+
+__device__ __forceinline__ uint16_t to_bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
+
+template <int MR, int DQK>
+__global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_kernel(const __grid_constant__ params p) {
+  using S = shape<MR>;
+  constexpr int NT = S::NT, KP = DQK + 8, PP = BN + 8, NCH = DQK / 8;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const smem_plan L = make_smem_plan<MR, DQK>(p.identity, p.stage_pitch, p.nstages);
+  uint16_t *Qs = reinterpret_cast<uint16_t *>(smem + L.q);
+  uint16_t *Ps = reinterpret_cast<uint16_t *>(smem + L.p);
+  unsigned char *stages = smem + L.stages;
+  unsigned char *Kb = smem + L.kb;
+  mla::chunk_plan *plan = reinterpret_cast<mla::chunk_plan *>(smem + L.plan);
+  float *red_max = reinterpret_cast<float *>(smem + L.red_max);
+  float *red_sum = reinterpret_cast<float *>(smem + L.red_sum);
+  float *m_run = reinterpret_cast<float *>(smem + L.m_run);
+  float *alpha_s = reinterpret_cast<float *>(smem + L.alpha);
+  float *l_run = reinterpret_cast<float *>(smem + L.l_run);
+  int *tok_page = reinterpret_cast<int *>(smem + L.tok_page);
+  int *tok_off = reinterpret_cast<int *>(smem + L.tok_off);
+  const int stage_bytes = p.identity ? BN * KP * 2 : BN * p.stage_pitch;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  // chunks of one problem are adjacent in x, so they meet its K tiles in L2
+  const int prob = blockIdx.x / p.row_chunks, split = blockIdx.y, row0 = (blockIdx.x - prob * p.row_chunks) * MR;
+  const int nrows = min(MR, p.rows - row0);
+  const int r = p.sparse ? prob / p.s_q : prob, qi = p.sparse ? prob - (prob / p.s_q) * p.s_q : 0;
+
+  // Keys of this problem, and the tiles of this split.
+  int64_t s_k = 0, nkeys;
+  if (!p.sparse) {
+    s_k = max(0, __ldg(p.cache_lens + r));
+    nkeys = s_k;
+    if (p.causal && p.s_q > 1) { // the chunk's last query sees the most keys
+      const int64_t i_max = (row0 + nrows - 1) / p.h_q;
+      nkeys = max((int64_t)0, min(s_k, s_k - p.s_q + i_max + 1));
+    }
+  } else {
+    nkeys = p.topk_len ? min(max(__ldg(p.topk_len + r), 0), p.topk) : p.topk;
+  }
+  const int64_t ntiles = (nkeys + BN - 1) / BN, per = (ntiles + p.nsplits - 1) / p.nsplits;
+  const int64_t t_begin = min((int64_t)split * per, ntiles), t_end = min(t_begin + per, ntiles);
+  const int64_t part = ((int64_t)prob * p.nsplits + split) * p.rows; // first partial row of this split
+
+  if (t_begin >= t_end) { // nothing to attend: zero output and an empty LSE
+    for (int idx = tid; idx < nrows * (DV / 4); idx += NT) {
+      const int row = idx / (DV / 4), c = idx - row * (DV / 4);
+      if (p.nsplits > 1) reinterpret_cast<float4 *>(p.o_acc + (part + row0 + row) * DV)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+      else reinterpret_cast<uint2 *>(p.out + ((int64_t)prob * p.rows + row0 + row) * DV)[c] = make_uint2(0, 0);
+    }
+    for (int row = tid; row < nrows; row += NT) {
+      int i, h;
+      row_coords(p, qi, row0 + row, i, h);
+      if (p.nsplits > 1) p.lse_acc[part + row0 + row] = -CUDART_INF_F;
+      else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = CUDART_INF_F;
+    }
+    return;
+  }
+
+  // Setup: dequant plans, Q rows, running statistics, slots of the first tiles.
+  float tscale = 1.0f;
+  if (!p.identity) {
+    int soff[MLA_LAYOUT_MAX_REGIONS];
+#pragma unroll
+    for (int k = 0; k < MLA_LAYOUT_MAX_REGIONS; k++) soff[k] = p.reg_stage_off[k];
+    for (int c = tid; c < NCH; c += NT) plan[c] = mla::make_chunk_plan(p.d, soff, c * 8);
+    if (p.v.tensor_scale) tscale = __ldg(p.v.tensor_scale);
+  }
+  for (int idx = tid; idx < MR * NCH; idx += NT) {
+    const int row = idx / NCH, c = idx - row * NCH;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (row < nrows) {
+      int i, h;
+      row_coords(p, qi, row0 + row, i, h);
+      const uint16_t *src = p.q + (int64_t)r * p.qs0 + (int64_t)i * p.qs1 + (int64_t)h * p.qs2 + (int64_t)c * 8 * p.qs3;
+      if (p.q_vec) val = __ldg(reinterpret_cast<const uint4 *>(src));
+      else {
+        uint16_t e[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) e[k] = __ldg(src + k * p.qs3);
+        val = make_uint4(e[0] | (uint32_t)e[1] << 16, e[2] | (uint32_t)e[3] << 16, e[4] | (uint32_t)e[5] << 16,
+                         e[6] | (uint32_t)e[7] << 16);
+      }
+    }
+    *reinterpret_cast<uint4 *>(Qs + row * KP + c * 8) = val;
+  }
+  for (int row = tid; row < MR; row += NT) {
+    m_run[row] = m_run[MR + row] = -CUDART_INF_F;
+    l_run[row] = 0.f;
+  }
+  const int nst = p.nstages;
+  for (int st = 0; st < nst; st++)
+    for (int n = tid; n < BN; n += NT) token_of(p, r, qi, nkeys, t_begin + st, n, tok_page[st * BN + n], tok_off[st * BN + n]);
+  __syncthreads();
+  for (int st = 0; st + 1 < nst; st++) {
+    if (t_begin + st < t_end) issue_tile<MR, DQK>(p, stages + st * stage_bytes, tok_page + st * BN, tok_off + st * BN);
+    mla::cp_async_commit();
+  }
+
+  // Row limits of the causal mask for the two rows this thread holds in S.
+  const int srg = warp / S::SCG, scg = warp - (warp / S::SCG) * S::SCG;
+  int64_t lim[2] = {0x7fffffffffffffffLL, 0x7fffffffffffffffLL}; // no causal limit
+  if (!p.sparse && p.causal && p.s_q > 1) {
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) lim[hh] = s_k - p.s_q + (row0 + srg * 16 + g + hh * 8) / p.h_q;
+  }
+
+  float o[S::MT][S::NTV][4];
+#pragma unroll
+  for (int mt = 0; mt < S::MT; mt++)
+#pragma unroll
+    for (int nt = 0; nt < S::NTV; nt++) o[mt][nt][0] = o[mt][nt][1] = o[mt][nt][2] = o[mt][nt][3] = 0.f;
+
+  const int64_t niter = t_end - t_begin;
+  for (int64_t u = 0; u < niter; u++) {
+    const int64_t t = t_begin + u;
+    const int st = (int)(u % nst);
+    // slots of tile t + nst, looked up now and stored after this tile's P V
+    int pf_page = -1, pf_off = 0;
+    if (tid < BN) token_of(p, r, qi, nkeys, t + nst, tid, pf_page, pf_off);
+
+    wait_stages(nst);
+    __syncthreads();
+    {
+      const int ist = (int)((u + nst - 1) % nst);
+      if (t + nst - 1 < t_end) issue_tile<MR, DQK>(p, stages + ist * stage_bytes, tok_page + ist * BN, tok_off + ist * BN);
+      mla::cp_async_commit();
+    }
+    const unsigned char *Kt = stages + st * stage_bytes;
+    if (!p.identity) {
+      const unsigned char *raw = Kt;
+      for (int idx = tid; idx < BN * NCH; idx += NT) {
+        const int n = idx / NCH, c = idx - n * NCH;
+        *reinterpret_cast<uint4 *>(Kb + n * KP * 2 + c * 16) = mla::dequant_chunk_bf16(plan[c], raw + n * p.stage_pitch, tscale);
+      }
+      __syncthreads();
+      Kt = Kb;
+    }
+
+    // S = Q K^T for rows srg*16.., keys scg*SWN..
+    float sacc[S::SWN / 8][4];
+#pragma unroll
+    for (int j = 0; j < S::SWN / 8; j++) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
+    {
+      const uint32_t qa = mla::smem_addr(Qs + (srg * 16 + (lane & 15)) * KP + (lane >> 4) * 8);
+      uint32_t ka;
+      if constexpr (S::SWN == 16) ka = mla::smem_addr(Kt + ((scg * 16 + (lane & 7) + (lane >> 4) * 8) * KP + ((lane >> 3) & 1) * 8) * 2);
+      else ka = mla::smem_addr(Kt + ((scg * 8 + (lane & 7)) * KP + ((lane >> 3) & 1) * 8) * 2);
+#pragma unroll 4
+      for (int k = 0; k < DQK / 16; k++) {
+        uint32_t a[4];
+        mla::ldmatrix_x4(a, qa + k * 32);
+        if constexpr (S::SWN == 16) {
+          uint32_t b[4];
+          mla::ldmatrix_x4(b, ka + k * 32);
+          mla::mma_bf16_16816(sacc[0], a, b[0], b[1]);
+          mla::mma_bf16_16816(sacc[1], a, b[2], b[3]);
+        } else {
+          uint32_t b[2];
+          mla::ldmatrix_x2(b, ka + k * 32);
+          mla::mma_bf16_16816(sacc[0], a, b[0], b[1]);
+        }
+      }
+    }
+    // mask, scale, tile row maxima
+    const int *pg = tok_page + st * BN;
+    float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
+#pragma unroll
+    for (int j = 0; j < S::SWN / 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int col = scg * S::SWN + j * 8 + 2 * t4 + (e & 1);
+        const bool ok = pg[col] >= 0 && t * BN + col <= lim[e >> 1];
+        const float s = ok ? sacc[j][e] * p.scale_log2 : -CUDART_INF_F;
+        sacc[j][e] = s;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s);
+      }
+    mx[0] = quad_max(mx[0]), mx[1] = quad_max(mx[1]);
+    const int rA = srg * 16 + g, rB = rA + 8;
+    if (t4 == 0) red_max[scg * MR + rA] = mx[0], red_max[scg * MR + rB] = mx[1];
+    __syncthreads();
+
+    // online softmax: new maxima, P = 2^(s - m) in bf16, partial row sums
+    const float *m_prev = m_run + ((u + 1) & 1) * MR;
+    float *m_cur = m_run + (u & 1) * MR;
+    float mnew[2], base[2], ps[2] = {0.f, 0.f};
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int row = hh ? rB : rA;
+      float m = m_prev[row];
+#pragma unroll
+      for (int c = 0; c < S::SCG; c++) m = fmaxf(m, red_max[c * MR + row]);
+      mnew[hh] = m;
+      base[hh] = m == -CUDART_INF_F ? 0.f : m;
+    }
+#pragma unroll
+    for (int j = 0; j < S::SWN / 8; j++) {
+      const float p0 = exp2f(sacc[j][0] - base[0]), p1 = exp2f(sacc[j][1] - base[0]);
+      const float p2 = exp2f(sacc[j][2] - base[1]), p3 = exp2f(sacc[j][3] - base[1]);
+      ps[0] += p0 + p1, ps[1] += p2 + p3;
+      const int col = scg * S::SWN + j * 8 + 2 * t4;
+      *reinterpret_cast<uint32_t *>(Ps + rA * PP + col) = mla::pack_bf16x2(p0, p1);
+      *reinterpret_cast<uint32_t *>(Ps + rB * PP + col) = mla::pack_bf16x2(p2, p3);
+    }
+    ps[0] = quad_sum(ps[0]), ps[1] = quad_sum(ps[1]);
+    if (t4 == 0) {
+      red_sum[scg * MR + rA] = ps[0], red_sum[scg * MR + rB] = ps[1];
+      if (scg == 0) {
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+          const int row = hh ? rB : rA;
+          const float mo = m_prev[row];
+          m_cur[row] = mnew[hh];
+          alpha_s[row] = mo == -CUDART_INF_F ? 0.f : exp2f(mo - mnew[hh]);
+        }
+      }
+    }
+    __syncthreads();
+
+    // O = alpha O + P V over this warp's DVW output dims
+    for (int row = tid; row < MR; row += NT) {
+      float l = l_run[row] * alpha_s[row];
+#pragma unroll
+      for (int c = 0; c < S::SCG; c++) l += red_sum[c * MR + row];
+      l_run[row] = l;
+    }
+#pragma unroll
+    for (int mt = 0; mt < S::MT; mt++) {
+      const float a0 = alpha_s[mt * 16 + g], a1 = alpha_s[mt * 16 + g + 8];
+#pragma unroll
+      for (int nt = 0; nt < S::NTV; nt++) o[mt][nt][0] *= a0, o[mt][nt][1] *= a0, o[mt][nt][2] *= a1, o[mt][nt][3] *= a1;
+    }
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ks++) {
+      uint32_t pa[S::MT][4];
+#pragma unroll
+      for (int mt = 0; mt < S::MT; mt++)
+        mla::ldmatrix_x4(pa[mt], mla::smem_addr(Ps + (mt * 16 + (lane & 15)) * PP + ks * 16 + (lane >> 4) * 8));
+      const uint32_t va = mla::smem_addr(Kt + ((ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * KP + warp * S::DVW + (lane >> 4) * 8) * 2);
+#pragma unroll
+      for (int np = 0; np < S::NTV / 2; np++) {
+        uint32_t vb[4];
+        mla::ldmatrix_x4_trans(vb, va + np * 32);
+#pragma unroll
+        for (int mt = 0; mt < S::MT; mt++) {
+          mla::mma_bf16_16816(o[mt][2 * np], pa[mt], vb[0], vb[1]);
+          mla::mma_bf16_16816(o[mt][2 * np + 1], pa[mt], vb[2], vb[3]);
+        }
+      }
+    }
+    if (tid < BN) tok_page[st * BN + tid] = pf_page, tok_off[st * BN + tid] = pf_off;
+  }
+  mla::cp_async_wait<0>();
+  __syncthreads();
+
+  // Epilogue: normalize; final output (one split) or the split's partial.
+  const float *m_fin = m_run + ((niter - 1) & 1) * MR;
+#pragma unroll
+  for (int mt = 0; mt < S::MT; mt++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int row = mt * 16 + g + hh * 8;
+      if (row >= nrows) continue;
+      const float l = l_run[row];
+      float f = l > 0.f ? 1.0f / l : 0.f;
+      int i, h;
+      row_coords(p, qi, row0 + row, i, h);
+      if (p.nsplits == 1 && p.sink && l > 0.f) {
+        const float lse_nat = (m_fin[row] + log2f(l)) * 0.69314718055994531f;
+        f *= 1.0f / (1.0f + expf(__ldg(p.sink + h) - lse_nat));
+      }
+#pragma unroll
+      for (int nt = 0; nt < S::NTV; nt++) {
+        const int col = warp * S::DVW + nt * 8 + 2 * t4;
+        const float x0 = o[mt][nt][2 * hh] * f, x1 = o[mt][nt][2 * hh + 1] * f;
+        if (p.nsplits > 1) *reinterpret_cast<float2 *>(p.o_acc + (part + row0 + row) * DV + col) = make_float2(x0, x1);
+        else *reinterpret_cast<uint32_t *>(p.out + ((int64_t)prob * p.rows + row0 + row) * DV + col) =
+                 (uint32_t)to_bf16_bits(x0) | (uint32_t)to_bf16_bits(x1) << 16;
+      }
+    }
+  for (int row = tid; row < nrows; row += NT) {
+    const float l = l_run[row];
+    const float lse2 = l > 0.f ? m_fin[row] + log2f(l) : -CUDART_INF_F;
+    int i, h;
+    row_coords(p, qi, row0 + row, i, h);
+    if (p.nsplits > 1) p.lse_acc[part + row0 + row] = lse2;
+    else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = l > 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
+  }
+}
+
+} // namespace mla_attn
+
+#endif

@@ -1,0 +1,93 @@
+// Parameters of the baked decode kernels and their shared-memory plan,
+// computed identically on the host (launcher) and the device (kernel).
+#ifndef MLA_ATTN_DECODE_PARAMS_CUH
+#define MLA_ATTN_DECODE_PARAMS_CUH
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "mla/layout_desc.h"
+
+namespace mla_attn {
+
+constexpr int BN = 32;  // keys per K tile
+constexpr int DV = 512; // value dims of every MLA model the baked kernels serve
+
+struct params {
+  mla_layout_desc d;
+  mla_cache_view v;
+  const uint16_t *q; // bf16 bits
+  int64_t qs0, qs1, qs2, qs3;
+  int b, s_q, h_q, rows; // rows: query rows per problem
+  int row_chunks;        // CTAs per problem and split (rows / MR, rounded up)
+  int sparse, causal;
+  const int *block_table;
+  int max_blocks;
+  const int *cache_lens;
+  const int *indices;
+  int topk;
+  const int *topk_len;
+  const float *sink;
+  float scale_log2; // softmax scale x log2(e): scores live in base 2
+  int nsplits;
+  int identity;     // one bf16 field holds dims [0, d_qk): copy rows straight into the tile
+  int id_off;       // byte offset of dim 0 in the region-0 row (identity)
+  int stage_pitch;  // bytes per token of a staged tile (every region's row, 16 B aligned)
+  int nstages;
+  int reg_stage_off[MLA_LAYOUT_MAX_REGIONS];
+  int reg_bytes[MLA_LAYOUT_MAX_REGIONS];
+  int reg_gran[MLA_LAYOUT_MAX_REGIONS]; // 16, 8, 4: cp.async size; 1: synchronous byte copy
+  int q_vec;        // q rows can be read 16 B at a time
+  uint16_t *out;    // bf16 [problems * rows, DV] (= [b, s_q, h_q, DV])
+  float *lse;       // [b, h_q, s_q]
+  float *o_acc;     // split partials [problems, nsplits, rows, DV], normalized
+  float *lse_acc;   // [problems, nsplits, rows], base 2, -inf when empty
+};
+
+struct combine_params {
+  const float *o_acc, *lse_acc;
+  int nsplits, rows, problems, h_q, s_q, sparse;
+  const float *sink;
+  uint16_t *out;
+  float *lse;
+};
+
+// LSE-weighted merge of the split partials (attn_combine.cu).
+cudaError_t launch_combine(const combine_params &c, cudaStream_t s);
+
+// Byte offsets of the shared-memory buffers of one CTA.
+struct smem_plan {
+  int q, p, stages, kb, plan, red_max, red_sum, m_run, alpha, l_run, tok_page, tok_off, total;
+};
+
+template <int MR, int DQK>
+__host__ __device__ inline smem_plan make_smem_plan(int identity, int stage_pitch, int nstages) {
+  constexpr int KP = DQK + 8, PP = BN + 8; // pitches in bf16: rows 16 B apart mod 128, so ldmatrix has no bank conflict
+  smem_plan s;
+  int o = 0;
+  auto take = [&](int bytes) {
+    int at = o;
+    o += (bytes + 15) / 16 * 16;
+    return at;
+  };
+  s.q = take(MR * KP * 2);
+  s.p = take(MR * PP * 2);
+  int stage_bytes = identity ? BN * KP * 2 : BN * stage_pitch;
+  s.stages = take(nstages * stage_bytes);
+  s.kb = identity ? s.stages : take(BN * KP * 2);
+  s.plan = take(DQK / 8 * 16);
+  s.red_max = take(4 * MR * 4); // up to 4 column groups of S per row
+  s.red_sum = take(4 * MR * 4);
+  s.m_run = take(2 * MR * 4);
+  s.alpha = take(MR * 4);
+  s.l_run = take(MR * 4);
+  s.tok_page = take(nstages * BN * 4);
+  s.tok_off = take(nstages * BN * 4);
+  s.total = o;
+  return s;
+}
+
+} // namespace mla_attn
+
+#endif
