@@ -1,0 +1,244 @@
+--- Bandwidth of the baked KV-cache kernels beside cudaMemcpy device to device,
+-- measured in the same run (bytes read + bytes written, 1e9 B/s), cold
+-- (L2 flushed, queued behind the blocking kernel), median of mla.bench's
+-- samples. Target: every kernel >= 90% of the memcpy rate at >= 256 MiB, and
+-- the sparse gather of 262144 rows from fp8_ds_mla (656 B read + 1152 B
+-- written per row) >= 2600 GB/s.
+--
+--   mlalab bench/kv_bench.lua [--mib 256,1024] [--out DIR] [--only PATTERN] [--max-time S] [--device cpu]
+--
+-- --device cpu runs the CPU references with tiny sizes (a smoke test of the
+-- script, not a measurement). Results: DIR/kv_bench.jsonl, one line per case.
+local mla = require "mlalab"
+local json = require "mlalab.json"
+local B = mla.bench_mod
+local K = mla.kernels
+
+local args = { mib = "256,1024", out = "/tmp/mlalab-bench", device = "cuda", max_time = 15 }
+do
+  local a, i = { ... }, 1
+  while i <= #a do
+    local k, v = a[i], a[i + 1]
+    if k == "--mib" then args.mib = v
+    elseif k == "--out" then args.out = v
+    elseif k == "--only" then args.only = v
+    elseif k == "--max-time" then args.max_time = tonumber(v)
+    elseif k == "--device" then args.device = v
+    else error("kv_bench: unknown argument " .. tostring(k)) end
+    i = i + 2
+  end
+end
+
+local MiB = 1 << 20
+local dev = args.device
+local cpu = dev == "cpu"
+local sizes = {}
+for s in args.mib:gmatch("%d+") do sizes[#sizes + 1] = tonumber(s) * MiB end
+if cpu then sizes = { MiB } end
+local SPARSE_ROWS = cpu and 512 or 262144
+local BS = 64
+
+mla.manual_seed(0x6b76)
+math.randomseed(0x6b76)
+
+-- Inputs -------------------------------------------------------------------------------
+
+local function pool(name, tokens, extra)
+  local L = mla.layout.get(name)
+  local nb = (tokens + BS - 1) // BS
+  local c = mla.cache.new(setmetatable({ layout = L, num_blocks = nb, block_size = BS, device = dev, tensor_scale = 0.5 },
+    { __index = extra }))
+  return c, L, nb
+end
+
+-- Every slot of layer li holds a quantized random row.
+local function fill(c, li)
+  local v, n = c:view(li), c.num_blocks * BS
+  K.write(v, mla.arange(n, "i64", dev), mla.randn({ n, c.layout.dim }, { device = dev }):to("bf16"))
+  return v
+end
+
+local function rand_ints(n, hi, dtype)
+  return mla.rand({ n }, { lo = 0, hi = hi, device = dev }):to(dtype or "i32")
+end
+
+-- Pages of a page-granular permutation: slot t -> perm[t / BS] * BS + t % BS.
+local function shuffled_slots(n)
+  local np = (n + BS - 1) // BS
+  local p = {}
+  for i = 1, np do p[i] = i - 1 end
+  for i = np, 2, -1 do local j = math.random(i) p[i], p[j] = p[j], p[i] end
+  local s = {}
+  for t = 0, n - 1 do s[t + 1] = p[t // BS + 1] * BS + t % BS end
+  return mla.tensor(s, "i64", dev), p
+end
+
+-- Cases: each returns fn, bytes, note ---------------------------------------------------
+
+local cases = {}
+local function case(name, build) cases[#cases + 1] = { name = name, build = build } end
+
+for _, lname in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_v4", "indexer_fp8", "fp4_v41" } do
+  case("write " .. lname, function(bytes)
+    local L = mla.layout.get(lname)
+    local per = 2 * L.dim + L.token_bytes
+    local n = bytes // per
+    local c = pool(lname, n)
+    local v = c:view(0)
+    local slots = shuffled_slots(n)
+    local rows = mla.randn({ n, L.dim }, { device = dev }):to("bf16")
+    return function() K.write(v, slots, rows, { check = false }) end, n * per,
+        string.format("%d tokens, %d B read + %d B written", n, 2 * L.dim, L.token_bytes)
+  end)
+end
+
+local function sparse_case(lname, rows_fixed, view)
+  return function(bytes)
+    local L = mla.layout.get(lname)
+    local per = L.token_bytes + 2 * L.dim
+    local n = rows_fixed or bytes // per
+    local c
+    if view then c = pool(lname, n, { num_layers = 61, order = "block_major" }) else c = pool(lname, n) end
+    local v = fill(c, view and 30 or 0)
+    local slots = rand_ints(n, c.num_blocks * BS)
+    local out = mla.empty({ n, L.dim }, "bf16", dev)
+    return function() K.gather_sparse(v, slots, { out = out, check = false }) end, n * per,
+        string.format("%d rows, %d B read + %d B written%s", n, L.token_bytes, 2 * L.dim, view and ", layer 30 of 61 block-major" or "")
+  end
+end
+
+case("gather_sparse fp8_ds_mla 262144 rows", sparse_case("fp8_ds_mla", SPARSE_ROWS))
+case("gather_sparse fp8_ds_mla 262144 rows 61-layer view", sparse_case("fp8_ds_mla", SPARSE_ROWS, true))
+for _, lname in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_v4", "fp4_v41" } do
+  case("gather_sparse " .. lname, sparse_case(lname))
+end
+
+case("gather_dense fp8_ds_mla", function(bytes)
+  local L = mla.layout.get("fp8_ds_mla")
+  local per = L.token_bytes + 2 * L.dim
+  local nreq = cpu and 2 or 64
+  local len = (bytes // per) // nreq // BS * BS
+  local c = pool("fp8_ds_mla", len * nreq)
+  local v = fill(c, 0)
+  local _, p = shuffled_slots(len * nreq)
+  local bt, cu = {}, { 0 }
+  for r = 1, nreq do
+    bt[r] = {}
+    for j = 1, len // BS do bt[r][j] = p[(r - 1) * (len // BS) + j] end
+    cu[r + 1] = cu[r] + len
+  end
+  local btt, cut = mla.tensor(bt, "i32", dev), mla.tensor(cu, "i32", dev)
+  local out = mla.empty({ len * nreq, L.dim }, "bf16", dev)
+  return function() K.gather_dense(v, btt, cut, { out = out, check = false }) end, len * nreq * per,
+      string.format("%d requests x %d tokens", nreq, len)
+end)
+
+case("gather_raw indexer_fp8", function(bytes)
+  local n = bytes // (2 * 132) // BS * BS
+  local c = pool("indexer_fp8", n)
+  local v = fill(c, 0)
+  local nreq = 16
+  local len = n // nreq // BS * BS
+  n = len * nreq
+  local _, p = shuffled_slots(n)
+  local bt, cu = {}, { 0 }
+  for r = 1, nreq do
+    bt[r] = {}
+    for j = 1, len // BS do bt[r][j] = p[(r - 1) * (len // BS) + j] end
+    cu[r + 1] = cu[r] + len
+  end
+  local btt, cut = mla.tensor(bt, "i32", dev), mla.tensor(cu, "i32", dev)
+  local out = { mla.empty({ n, 128 }, "u8", dev), mla.empty({ n, 4 }, "u8", dev) }
+  return function() K.gather_raw(v, btt, cut, { out = out, check = false }) end, n * 2 * 132,
+      string.format("%d tokens, 132 B read + 132 B written", n)
+end)
+
+case("requant fp8_pertensor -> fp8_ds_mla", function(bytes)
+  local n = bytes // (576 + 656) // BS * BS
+  local src = fill(pool("fp8_pertensor", n), 0)
+  local dst = pool("fp8_ds_mla", n):view(0)
+  return function() K.requant(src, dst, { check = false }) end, n * (576 + 656),
+      string.format("%d tokens, 576 B read + 656 B written", n)
+end)
+
+case("gather_referenced fp8_ds_mla", function(bytes)
+  local per = 656 + 1152
+  local W = cpu and 64 or 2048
+  local T = (bytes // per) // W
+  local c = pool("fp8_ds_mla", 2 * T * W)
+  local v = fill(c, 0)
+  local idx = rand_ints(T * W, c.num_blocks * BS):reshape({ T, W })
+  local out, remap = mla.empty({ T * W, 576 }, "bf16", dev), mla.empty({ T * W }, "i32", dev)
+  return function() K.gather_referenced(v, idx, { out = out, remap = remap, check = false }) end, T * W * (per + 8),
+      string.format("%d x %d indices, + 4 B remap read and written", T, W)
+end)
+
+for _, mode in ipairs { "paged", "ragged" } do
+  case("topk_" .. mode .. " prefill", function(bytes)
+    local W = 2048
+    local T = bytes // 8 // W
+    local nreq = 8
+    local q = {}
+    for r = 1, nreq do q[r] = T // nreq end
+    q[nreq] = T - (nreq - 1) * (T // nreq)
+    local topk = rand_ints(T * W, 65536):reshape({ T, W })
+    local out = mla.empty({ T, W }, "i32", dev)
+    local fn
+    if mode == "paged" then
+      local bt = rand_ints(nreq * 1024, 1 << 20):reshape({ nreq, 1024 })
+      fn = function() K.topk_paged(topk, bt, BS, { q_lens = q, out = out, check = false }) end
+    else
+      local cu = { 0 }
+      for r = 1, nreq do cu[r + 1] = cu[r] + 65536 end
+      local cut = mla.tensor(cu, "i32", dev)
+      fn = function() K.topk_ragged(topk, cut, { q_lens = q, out = out, check = false }) end
+    end
+    return fn, T * W * 8, string.format("%d query tokens x top-%d, 4 B read + 4 B written", T, W)
+  end)
+end
+
+-- Run -----------------------------------------------------------------------------------
+
+os.execute("mkdir -p '" .. args.out .. "'")
+local jsonl = io.open(args.out .. "/kv_bench.jsonl", "w")
+local memcpy = not cpu and B.memcpy_bandwidth(dev) or nil
+if not cpu then
+  local props = mla.device_props(dev)
+  print(string.format("device: %s; DRAM peak by formula %.0f GB/s; cudaMemcpy D2D (read + write) %.0f GB/s", props.name,
+    props.peak_dram_gbs, memcpy))
+end
+local results, verdicts, failed = {}, {}, 0
+for _, cs in ipairs(cases) do
+  if not args.only or cs.name:find(args.only, 1, true) then
+    local fixed = cs.name:find("262144", 1, true)
+    for si, size in ipairs(sizes) do
+      if not (fixed and si > 1) then
+        local fn, bytes, note = cs.build(size)
+        local name = cs.name .. (fixed and "" or string.format(" %d MiB", size // MiB))
+        local r = mla.bench(fn, { name = name, bytes = bytes, device = dev, max_time = args.max_time })
+        K.check(dev)
+        results[#results + 1] = r
+        local ratio = r.memcpy_frac
+        local target = (fixed and not cpu) and 2600 or nil
+        local ok = cpu or ((ratio or 0) >= 0.9 and (not target or r.gbs >= target))
+        if not ok then failed = failed + 1 end
+        verdicts[#verdicts + 1] = string.format("%-58s %9.1f MiB %9.1f GB/s %7s of memcpy %s  %s", name, bytes / MiB, r.gbs,
+          ratio and string.format("%.1f%%", 100 * ratio) or "-", cpu and "n/a (cpu smoke run)" or ok and "PASS" or "FAIL", note)
+        local rec = r:summary()
+        rec.case, rec.note, rec.pass, rec.target_gbs = cs.name, note, ok, target
+        jsonl:write(json.encode(rec), "\n")
+        jsonl:flush()
+        print(r:row())
+        collectgarbage() -- the inputs of this case go back to the allocator
+      end
+    end
+  end
+end
+jsonl:close()
+print()
+B.table(results)
+print()
+print("verdicts (>= 90% of cudaMemcpy D2D; the 262144-row sparse gather also >= 2600 GB/s):")
+for _, v in ipairs(verdicts) do print("  " .. v) end
+print(string.format("%d of %d cases below target; results in %s/kv_bench.jsonl", failed, #verdicts, args.out))
+os.exit(failed == 0 and 0 or 1)
