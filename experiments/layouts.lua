@@ -33,7 +33,7 @@ end
 
 -- Rows that exercise every regime: normal values, small ones, a spike, zeros.
 local function inputs(dim, n)
-  local x = mla.randn({ n, dim }, { std = 2 })
+  local x = mla.randn({ n, dim }, { std = 2, device = "cpu" })
   for d = 0, dim - 1 do
     x:set({ 1, d }, x:get({ 1, d }) * 1e-3)
     x:set({ 2, d }, d % 64 < 32 and 0 or x:get({ 2, d }))
@@ -48,7 +48,7 @@ local function check(name)
     page_pad = L.page_align, device = dev }
   local n = 6
   local slots = { 0, bs + 1, 3 * bs - 1, -1, 2, bs + 7 }
-  local st = mla.tensor(slots, "i64")
+  local st = mla.tensor(slots, "i64", "cpu")
   local x = inputs(L.dim, n)
   for l = 0, LAYERS - 1 do c:layer(l):fill(0) end
   if L:has_tensor_scale() then -- a calibrated per-tensor scale, amax / 448 as vLLM computes it

@@ -4,6 +4,12 @@ local mla = require "mlalab"
 local S = require "support"
 local core = mla.core
 
+-- The CPU reference is the subject here: tensors default to the host even on
+-- a GPU machine (GPU cases name their device).
+local prev_device
+setup(function() prev_device = mla.device(); mla.set_device("cpu") end)
+teardown(function() mla.set_device(prev_device) end)
+
 local LAYERS = 61
 
 local function slots_of(t) return mla.tensor(t, "i64") end
@@ -232,5 +238,25 @@ describe("caches on a GPU #gpu", function()
     assert.is_true(g:layer(2):cpu():equal(h:layer(2)))
     assert.is_nil(g:check_bleed(2, { slots = slots }))
     assert.is_true(g:read(2, slots):equal(h:read(2, slots)))
+  end)
+
+  it("bf16 rows are written by the baked kernel with the reference's bytes", function()
+    for _, name in ipairs { "fp8_ds_mla", "fp8_v4", "fp4_v41" } do
+      local L = mla.layout.get(name)
+      local opts = { layout = L, num_blocks = 3, block_size = 64, num_layers = LAYERS, order = "block_major", page_pad = L.page_align }
+      opts.device = "cuda"
+      local g = mla.cache.new(opts)
+      opts.device = "cpu"
+      local h = mla.cache.new(opts)
+      for l = 0, LAYERS - 1 do g:layer(l):fill(0); h:layer(l):fill(0) end
+      g:poison(9, "zeros")
+      local slots = slots_of { 0, 77, 190, -1 }
+      local x = mla.randn({ 4, L.dim }, { dtype = "bf16" })
+      g:write(9, x:cuda(), slots:cuda())
+      h:write(9, x, slots)
+      assert.is_true(g:layer(9):cpu():equal(h:layer(9)), name)
+      local report = g:check_bleed(9, { slots = slots })
+      assert.is_nil(report, report and report.message)
+    end
   end)
 end)

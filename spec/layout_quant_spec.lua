@@ -6,6 +6,12 @@ local S = require "support"
 local M = require "layout_model"
 local core = mla.core
 
+-- The CPU reference is the subject here: tensors default to the host even on
+-- a GPU machine (GPU cases name their device).
+local prev_device
+setup(function() prev_device = mla.device(); mla.set_device("cpu") end)
+teardown(function() mla.set_device(prev_device) end)
+
 local BS = 4
 local ALL = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_v4", "fp8_v4_vllm", "indexer_fp8",
   "indexer_fp8_ue8m0", "fp4_v41" }

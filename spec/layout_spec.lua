@@ -4,6 +4,12 @@ local mla = require "mlalab"
 local S = require "support"
 local core = mla.core
 
+-- The CPU reference is the subject here: tensors default to the host even on
+-- a GPU machine (GPU cases name their device).
+local prev_device
+setup(function() prev_device = mla.device(); mla.set_device("cpu") end)
+teardown(function() mla.set_device(prev_device) end)
+
 local function f32(x) return (string.unpack("<f", string.pack("<f", x))) end
 
 -- The descriptor fields of `name` that must hold `want` (nested subsets).

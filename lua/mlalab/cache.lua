@@ -5,7 +5,7 @@
 --                            order = "block_major", page_pad = 576, device = "cuda" }
 --   c:layer(3)            -- u8 [num_blocks, page_bytes] view: inflated page stride, storage offset
 --   c:view(3)             -- what a kernel receives: { pages, desc, tensor_scale, block_size, layout }
---   c:write(3, x, slots)  -- quantize rows into slots (CPU reference; GPU through mla.cache.dispatch)
+--   c:write(3, x, slots)  -- quantize rows into slots (CPU reference; bf16 rows on a GPU: baked kernel)
 --   c:read(3, slots)      -- dequantized f32 [n, dim]
 --   c:poison(3, "random") -- every byte outside layer 3 (random / "nan" = 0xff / "zeros" / a byte)
 --   c:check_bleed(3, {slots = slots}) -- nil, or the first corrupted byte as (layer, block, token, field)
@@ -24,9 +24,11 @@ local Cache = {}
 Cache.__index = Cache
 M.Cache = Cache
 
---- GPU hooks: kernels.lua sets dispatch.write(cache, layer, x, slots) and
--- dispatch.read(cache, layer, slots, opts) -> out; when unset, a cache on a
--- GPU goes through the CPU reference on a host copy of the layer.
+--- GPU hooks: dispatch.write(cache, layer, x, slots) and
+-- dispatch.read(cache, layer, slots, opts) -> out replace the defaults for
+-- caches on a GPU. Defaults: bf16 rows are written by the baked kernel
+-- (mla.kernels.write, bit-identical to the reference); other rows, and every
+-- read (exact f32), go through the CPU reference on a host copy of the layer.
 M.dispatch = {}
 
 local function int_opt(o, k, def, lo)
@@ -112,6 +114,9 @@ function Cache:write(i, x, slots)
   local pages = self.views[i + 1]
   if pages:is_cuda() then
     if M.dispatch.write then return M.dispatch.write(self, i, x, slots) end
+    if core.is_tensor(x) and x:get_dtype() == "bf16" then -- the baked kernel: same bytes as the reference
+      return require("mlalab.kernels").write(self:view(i), slots:to(self.device), x:to(self.device))
+    end
     local host = pages:to("cpu") -- read-modify-write on a host copy
     layout_ref.write(self.layout, host, x, slots, { block_size = self.block_size, tensor_scale = self:_host_scale(i) })
     pages:copy(host)

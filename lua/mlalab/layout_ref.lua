@@ -21,6 +21,11 @@ local function host_f32(t, what, fn)
   return t:to({ dtype = "f32", device = "cpu" }) -- bf16 / f16 inputs widen exactly
 end
 
+local function host_scale(s)
+  if core.is_tensor(s) and s:is_cuda() then return s:to("cpu") end
+  return s
+end
+
 local function host_slots(s, fn)
   if not core.is_tensor(s) then error(fn .. ": slots must be an i64 tensor", 3) end
   if s:is_cuda() then s = s:to("cpu") end
@@ -33,7 +38,8 @@ function M.write(L, pages, x, slots, opts)
   opts = opts or {}
   L = layout.get(L)
   local d = L:packed(block_size_of("layout_ref.write", pages, opts))
-  core.ref_write(d, pages, host_f32(x, "x", "layout_ref.write"), host_slots(slots, "layout_ref.write"), opts.tensor_scale)
+  core.ref_write(d, pages, host_f32(x, "x", "layout_ref.write"), host_slots(slots, "layout_ref.write"),
+    host_scale(opts.tensor_scale))
 end
 
 --- read(layout, pages, slots [n] i64, {block_size=, cols = dim, out =, tensor_scale=}) -> f32 [n, cols]
@@ -45,7 +51,7 @@ function M.read(L, pages, slots, opts)
   local d = L:packed(block_size_of("layout_ref.read", pages, opts))
   slots = host_slots(slots, "layout_ref.read")
   local out = opts.out or core.full({ slots:size(0), opts.cols or L.dim }, 0, { dtype = "f32", device = "cpu" })
-  core.ref_read(d, pages, slots, out, opts.tensor_scale)
+  core.ref_read(d, pages, slots, out, host_scale(opts.tensor_scale))
   return out
 end
 
