@@ -72,6 +72,13 @@ describe("tensor views", function()
     S.assert_error_contains(function() t:as_strided({ 2 }, { -1 }, 5) end, "negative")
   end)
 
+  it("as_strided without an offset keeps the view's own offset", function()
+    local t = mla.arange(10, "i32", "cpu"):narrow(0, 3, 5)
+    local v = t:as_strided({ 2, 2 }, { 2, 1 })
+    assert.equal(3, v:offset())
+    assert.same({ { 3, 4 }, { 5, 6 } }, v:totable())
+  end)
+
   it("byte reinterpretation views a u8 cache row as f32 scales", function()
     local row = mla.zeros({ 2, 656 }, "u8", "cpu")
     local f = row:narrow(1, 512, 16):view("f32")

@@ -305,8 +305,9 @@ static mla_tensor *push_view(lua_State *L, const mla_tensor *t) {
 static int l_narrow(lua_State *L) {
   mla_tensor *t = mla_check_tensor(L, 1);
   int d = check_dim_arg(L, t, 2);
+  lua_Integer start = luaL_checkinteger(L, 3), len = luaL_checkinteger(L, 4); /* before push_view takes a slot */
   mla_tensor *v = push_view(L, t);
-  if (mla_tensor_narrow(v, d, luaL_checkinteger(L, 3), luaL_checkinteger(L, 4))) return mla_lua_error(L);
+  if (mla_tensor_narrow(v, d, start, len)) return mla_lua_error(L);
   return 1;
 }
 
@@ -381,8 +382,9 @@ static int l_as_strided(lua_State *L) {
   luaL_checktype(L, 3, LUA_TTABLE);
   int n = mla_check_shape(L, 2, sz), m = mla_check_shape(L, 3, st);
   if (n != m) return luaL_error(L, "as_strided: %d sizes but %d strides", n, m);
+  lua_Integer offset = luaL_optinteger(L, 4, t->offset); /* before push_view takes slot 4 */
   mla_tensor *v = push_view(L, t);
-  if (mla_tensor_as_strided(v, n, sz, st, luaL_optinteger(L, 4, t->offset))) return mla_lua_error(L);
+  if (mla_tensor_as_strided(v, n, sz, st, offset)) return mla_lua_error(L);
   return 1;
 }
 
@@ -419,7 +421,10 @@ static int l_to(lua_State *L) {
     const char *s = luaL_checkstring(L, 2);
     mla_dtype tmp;
     if (mla_dtype_parse(s, &tmp) == 0) dt = tmp;
-    else dev = mla_check_device(L, 2);
+    else if (strncmp(s, "cpu", 3) == 0 || strncmp(s, "cuda", 4) == 0) dev = mla_check_device(L, 2);
+    else
+      return luaL_error(L, "to: '%s' is neither a dtype (u8 i8 u16 i16 i32 i64 f16 bf16 f32 f64 e4m3 e5m2 ue8m0 e2m1) "
+                           "nor a device (cpu, cuda, cuda:N)", s);
   }
   if (dt == t->dtype && dev == mla_tensor_device(t)) {
     lua_settop(L, 1);

@@ -12,6 +12,9 @@
 
 int mla_storage_new(int device, int64_t nbytes, mla_storage **out) {
   if (nbytes < 0) return mla_err("negative storage size %lld", (long long)nbytes);
+  /* beyond any machine's address space: say so instead of asking malloc (ASan aborts on such requests) */
+  if (device == MLA_CPU && nbytes > ((int64_t)1 << 47))
+    return mla_err("out of host memory: requested %lld bytes, more than a 47-bit address space holds", (long long)nbytes);
   mla_storage *s = calloc(1, sizeof *s);
   if (!s) return mla_err("out of host memory");
   if (device == MLA_CPU) {
