@@ -30,12 +30,14 @@ __global__ void copy_rows_kernel(const __grid_constant__ mla_rows_desc d, int64_
   for (int64_t v = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; v < total; v += (int64_t)gridDim.x * blockDim.x) {
     int64_t row = v / vec_per_row, col = v - row * vec_per_row;
     int64_t doff = 0, soff = 0;
-    for (int k = d.nouter - 1; k >= 0; k--) {
+    for (int k = d.nouter - 1; k > 0; k--) {
       int64_t sz = d.sizes[k], ix = row % sz;
       row /= sz;
       doff += ix * d.dst_strides[k];
       soff += ix * d.src_strides[k];
     }
+    doff += row * d.dst_strides[0]; // the outermost index needs no division (nouter >= 1)
+    soff += row * d.src_strides[0];
     const V *s = reinterpret_cast<const V *>(d.src + soff) + col;
     V *t = reinterpret_cast<V *>(d.dst + doff) + col;
     *t = __ldg(s);
@@ -48,19 +50,23 @@ __global__ void copy_rows_kernel32(const __grid_constant__ mla_rows_desc d, uint
   for (uint32_t v = blockIdx.x * blockDim.x + threadIdx.x; v < total; v += gridDim.x * blockDim.x) {
     uint32_t row = v / vec_per_row, col = v - row * vec_per_row;
     int64_t doff = 0, soff = 0;
-    for (int k = d.nouter - 1; k >= 0; k--) {
+    for (int k = d.nouter - 1; k > 0; k--) {
       uint32_t sz = (uint32_t)d.sizes[k], ix = row % sz;
       row /= sz;
       doff += (int64_t)ix * d.dst_strides[k];
       soff += (int64_t)ix * d.src_strides[k];
     }
+    doff += (int64_t)row * d.dst_strides[0];
+    soff += (int64_t)row * d.src_strides[0];
     const V *s = reinterpret_cast<const V *>(d.src + soff) + col;
     V *t = reinterpret_cast<V *>(d.dst + doff) + col;
     *t = __ldg(s);
   }
 }
 
+// The kernels take the outermost row index without a division: nouter >= 1.
 template <typename V> cudaError_t launch_rows(const mla_rows_desc *d, cudaStream_t s) {
+  if (d->nouter < 1) return cudaErrorInvalidValue;
   int64_t rows = 1;
   for (int k = 0; k < d->nouter; k++) rows *= d->sizes[k];
   int64_t vpr = d->row_bytes / (int64_t)sizeof(V), total = rows * vpr;
