@@ -12,7 +12,8 @@
 -- Options (both): layout, b, s_q, h_q, block_size = 64, device (default
 -- device), num_layers = 1, layer = 0, order = "layer_major" | "block_major",
 -- page_pad = 0, extra_blocks = 0, q_pad = false (q as a strided view),
--- q_std = 1, kv_std = 1, seed, fill = "write" | "replicate" (benches: write
+-- q_std = 3, kv_std = 0.1 (FlashMLA's KV scale, randn/10; q larger so
+-- scores spread with std ~0.3 at d^-0.5 instead of FlashMLA's ~0.01), seed, fill = "write" | "replicate" (benches: write
 -- `template_pages` pages through the layout, copy them over the rest).
 -- dense: lens = {..} or len = n. sparse: topk, pool = tokens holding data,
 -- invalid = fraction of -1 entries, empty_rows = {{r, i}, ...} all -1,
@@ -60,7 +61,7 @@ local function write_rows(c, o, slots)
   local L, layer = c.layout, o.layer or 0
   if #slots == 0 then return end
   if (o.fill or "write") == "write" then
-    local x = mla.randn({ #slots, L.dim }, { std = o.kv_std or 1, device = "cpu" })
+    local x = mla.randn({ #slots, L.dim }, { std = o.kv_std or 0.1, device = "cpu" })
     c:write(layer, x, mla.tensor(slots, "i64", "cpu"))
     return
   end
@@ -70,7 +71,7 @@ local function write_rows(c, o, slots)
   local tp = math.min(o.template_pages or 16, nb)
   local tslots = {}
   for i = 0, tp * bs - 1 do tslots[#tslots + 1] = i end
-  local x = mla.randn({ #tslots, L.dim }, { std = o.kv_std or 1, device = "cpu" })
+  local x = mla.randn({ #tslots, L.dim }, { std = o.kv_std or 0.1, device = "cpu" })
   c:write(layer, x, mla.tensor(tslots, "i64", "cpu"))
   local done = tp
   while done < nb do
@@ -83,9 +84,9 @@ end
 local function make_q(o, L)
   local shape = { o.b, o.s_q, o.h_q, L.k_dims }
   local dev = o.device
-  if not o.q_pad then return mla.randn(shape, { std = o.q_std or 1, dtype = "bf16", device = dev }) end
+  if not o.q_pad then return mla.randn(shape, { std = o.q_std or 3, dtype = "bf16", device = dev }) end
   -- padded on every dim (last by 128, others by 1), then sliced back: FlashMLA's non-contiguity wrapper
-  local big = mla.randn({ o.b + 1, o.s_q + 1, o.h_q + 1, L.k_dims + 128 }, { std = o.q_std or 1, dtype = "bf16", device = dev })
+  local big = mla.randn({ o.b + 1, o.s_q + 1, o.h_q + 1, L.k_dims + 128 }, { std = o.q_std or 3, dtype = "bf16", device = dev })
   return big:narrow(0, 1, o.b):narrow(1, 1, o.s_q):narrow(2, 1, o.h_q):narrow(3, 64, L.k_dims)
 end
 

@@ -16,19 +16,27 @@ using namespace mla_attn;
 
 int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
 
-// Byte offset of dim 0 when one bf16 field holds dims [0, dqk) and rows are
-// 16-byte aligned everywhere, so tiles are plain copies; else -1.
+// Byte offset of dim 0 when dims [0, dqk) are plain bf16 (no scale) laid out
+// contiguously in region 0 (one field or several, e.g. NoPE then RoPE), with
+// 16-byte aligned rows everywhere: then tiles are plain copies. Else -1.
 int identity_offset(const mla_layout_desc &d, const mla_cache_view &v, int dqk) {
-  for (int f = 0; f < d.nfields; f++) {
+  int64_t off0 = -1;
+  for (int c = 0; c < dqk; c += 8) {
+    int f = -1;
+    for (int k = 0; k < d.nfields && f < 0; k++) {
+      const mla_layout_field &fd = d.fields[k];
+      if (fd.role == MLA_FIELD_DATA && c >= fd.dim_lo && c < fd.dim_lo + fd.count) f = k;
+    }
+    if (f < 0) return -1;
     const mla_layout_field &fd = d.fields[f];
-    if (fd.role != MLA_FIELD_DATA || fd.dtype != MLA_BF16 || fd.dim_lo != 0 || fd.count < dqk || fd.region != 0 ||
-        fd.scale_kind != MLA_SCALE_NONE || fd.byte_off % 16)
-      continue;
-    const uintptr_t a = (uintptr_t)v.base + (uintptr_t)d.region_off[0] + (uintptr_t)fd.byte_off;
-    if (a % 16 || v.page_stride % 16 || v.token_stride % 16) return -1;
-    return fd.byte_off;
+    if (fd.dtype != MLA_BF16 || fd.scale_kind != MLA_SCALE_NONE || fd.region != 0) return -1;
+    const int64_t at = fd.byte_off + 2 * (int64_t)(c - fd.dim_lo); // byte of dim c in the row
+    if (c == 0) off0 = at;
+    else if (at != off0 + 2 * c) return -1;
   }
-  return -1;
+  const uintptr_t a = (uintptr_t)v.base + (uintptr_t)d.region_off[0] + (uintptr_t)off0;
+  if (off0 % 16 || a % 16 || v.page_stride % 16 || v.token_stride % 16) return -1;
+  return (int)off0;
 }
 
 // Largest cp.async size (16, 8, 4) every token row of a region allows; 1 = byte copies.

@@ -35,60 +35,68 @@ template <int MR> struct shape {
 };
 
 // Page and in-page offset of key n of tile `tile`; page -1 when there is no key
-// (past the end, -1 index, page or slot outside the cache).
-__device__ __forceinline__ void token_of(const params &p, int r, int qi, int64_t nkeys, int64_t tile, int n,
-                                         int &page, int &off) {
-  const int64_t k = tile * BN + n;
-  const int64_t bs = p.d.block_size;
+// (past the end, -1 index, page or slot outside the cache). Keys of one
+// problem count in int32 (lengths, top-k and block tables are int32).
+__device__ __forceinline__ void token_of(const params &p, int r, int qi, int nkeys, int tile, int n, int &page, int &off) {
+  const int k = tile * BN + n;
+  const int bs = p.d.block_size;
   page = -1, off = 0;
   if (k >= nkeys) return;
   if (!p.sparse) {
-    const int64_t blk = k / bs;
+    const int blk = k / bs;
     if (blk >= p.max_blocks) return;
     const int pg = __ldg(p.block_table + (int64_t)r * p.max_blocks + blk);
     if (pg < 0 || pg >= p.v.num_pages) return;
-    page = pg, off = (int)(k - blk * bs);
+    page = pg, off = k - blk * bs;
   } else {
     const int idx = __ldg(p.indices + ((int64_t)r * p.s_q + qi) * p.topk + k);
     if (idx < 0 || (int64_t)idx >= p.v.num_pages * bs) return;
-    page = (int)(idx / bs), off = (int)(idx - (int64_t)(idx / bs) * bs);
+    page = idx / bs, off = idx - page * bs;
+  }
+}
+
+// One token row of `nch` chunks of G bytes, chunks j, j + 8, ... of it.
+template <int G>
+__device__ __forceinline__ void copy_row(uint32_t dst, const unsigned char *src, int nch, int j, bool ok) {
+  for (int c = j; c < nch; c += 8) {
+    const unsigned char *s = ok ? src + c * G : src;
+    if constexpr (G == 16) mla::cp_async16(dst + c * G, s, ok ? G : 0);
+    else if constexpr (G == 8) mla::cp_async8(dst + c * G, s, ok ? G : 0);
+    else mla::cp_async4(dst + c * G, s, ok ? G : 0);
   }
 }
 
 // Starts the copies of one tile into a stage; missing keys become zero rows
 // (never stale data: a NaN left in shared memory would survive 0 * NaN in P V).
+// Eight threads share a token row, so each warp instruction moves whole lines
+// and every thread computes its row address once.
 template <int MR, int DQK>
 __device__ __forceinline__ void issue_tile(const params &p, unsigned char *stage, const int *pg, const int *of) {
-  constexpr int NT = shape<MR>::NT, KP = DQK + 8;
-  const int tid = threadIdx.x;
+  constexpr int NT = shape<MR>::NT, KP = DQK + 8, TPP = NT / 8; // tokens per pass
+  const int tid = threadIdx.x, j = tid & 7;
   const unsigned char *base = p.v.base;
-  if (p.identity) {
-    constexpr int CH = DQK / 8; // 16-byte chunks per row
-    for (int idx = tid; idx < BN * CH; idx += NT) {
-      const int n = idx / CH, c = idx - n * CH;
-      const int page = pg[n];
-      const unsigned char *src = base;
-      if (page >= 0)
-        src = base + (int64_t)page * p.v.page_stride + p.d.region_off[0] + (int64_t)of[n] * p.v.token_stride + p.id_off + c * 16;
-      mla::cp_async16(mla::smem_addr(stage + n * KP * 2 + c * 16), src, page >= 0 ? 16 : 0);
+#pragma unroll
+  for (int pass = 0; pass < BN / TPP; pass++) {
+    const int n = pass * TPP + (tid >> 3);
+    const int page = pg[n];
+    const bool ok = page >= 0;
+    const unsigned char *page_base = base + (ok ? (int64_t)page * p.v.page_stride : 0);
+    if (p.identity) {
+      const unsigned char *row = ok ? page_base + p.d.region_off[0] + (int64_t)of[n] * p.v.token_stride + p.id_off : base;
+      copy_row<16>(mla::smem_addr(stage + n * KP * 2), row, DQK / 8, j, ok);
+      continue;
     }
-    return;
-  }
-  for (int r = 0; r < p.d.nregions; r++) {
-    const int gran = p.reg_gran[r], nch = p.reg_bytes[r] / gran;
-    const int64_t rstride = r == 0 ? p.v.token_stride : (int64_t)p.d.region_row_bytes[r];
-    for (int idx = tid; idx < BN * nch; idx += NT) {
-      const int n = idx / nch, c = idx - n * nch;
-      const int page = pg[n];
-      const unsigned char *src = base;
-      if (page >= 0) src = base + (int64_t)page * p.v.page_stride + p.d.region_off[r] + (int64_t)of[n] * rstride + (int64_t)c * gran;
-      unsigned char *dst = stage + n * p.stage_pitch + p.reg_stage_off[r] + c * gran;
-      const int bytes = page >= 0 ? gran : 0;
+    for (int r = 0; r < p.d.nregions; r++) {
+      const int gran = p.reg_gran[r];
+      const int64_t rstride = r == 0 ? p.v.token_stride : (int64_t)p.d.region_row_bytes[r];
+      const unsigned char *row = ok ? page_base + p.d.region_off[r] + (int64_t)of[n] * rstride : base;
+      unsigned char *dst = stage + n * p.stage_pitch + p.reg_stage_off[r];
       switch (gran) {
-      case 16: mla::cp_async16(mla::smem_addr(dst), src, bytes); break;
-      case 8: mla::cp_async8(mla::smem_addr(dst), src, bytes); break;
-      case 4: mla::cp_async4(mla::smem_addr(dst), src, bytes); break;
-      default: *dst = page >= 0 ? *src : 0; break; // unaligned view: plain byte copy
+      case 16: copy_row<16>(mla::smem_addr(dst), row, p.reg_bytes[r] / 16, j, ok); break;
+      case 8: copy_row<8>(mla::smem_addr(dst), row, p.reg_bytes[r] / 8, j, ok); break;
+      case 4: copy_row<4>(mla::smem_addr(dst), row, p.reg_bytes[r] / 4, j, ok); break;
+      default: // an unaligned view: plain byte copies
+        for (int c = j; c < p.reg_bytes[r]; c += 8) dst[c] = ok ? row[c] : 0;
       }
     }
   }
@@ -147,19 +155,19 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
   const int r = p.sparse ? prob / p.s_q : prob, qi = p.sparse ? prob - (prob / p.s_q) * p.s_q : 0;
 
   // Keys of this problem, and the tiles of this split.
-  int64_t s_k = 0, nkeys;
+  int s_k = 0, nkeys;
   if (!p.sparse) {
     s_k = max(0, __ldg(p.cache_lens + r));
     nkeys = s_k;
     if (p.causal && p.s_q > 1) { // the chunk's last query sees the most keys
-      const int64_t i_max = (row0 + nrows - 1) / p.h_q;
-      nkeys = max((int64_t)0, min(s_k, s_k - p.s_q + i_max + 1));
+      const int i_max = (row0 + nrows - 1) / p.h_q;
+      nkeys = max(0, min(s_k, s_k - p.s_q + i_max + 1));
     }
   } else {
     nkeys = p.topk_len ? min(max(__ldg(p.topk_len + r), 0), p.topk) : p.topk;
   }
-  const int64_t ntiles = (nkeys + BN - 1) / BN, per = (ntiles + p.nsplits - 1) / p.nsplits;
-  const int64_t t_begin = min((int64_t)split * per, ntiles), t_end = min(t_begin + per, ntiles);
+  const int ntiles = (nkeys + BN - 1) / BN, per = (ntiles + p.nsplits - 1) / p.nsplits;
+  const int t_begin = min(split * per, ntiles), t_end = min(t_begin + per, ntiles);
   const int64_t part = ((int64_t)prob * p.nsplits + split) * p.rows; // first partial row of this split
 
   if (t_begin >= t_end) { // nothing to attend: zero output and an empty LSE
@@ -219,7 +227,7 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
 
   // Row limits of the causal mask for the two rows this thread holds in S.
   const int srg = warp / S::SCG, scg = warp - (warp / S::SCG) * S::SCG;
-  int64_t lim[2] = {0x7fffffffffffffffLL, 0x7fffffffffffffffLL}; // no causal limit
+  int lim[2] = {0x7fffffff, 0x7fffffff}; // no causal limit
   if (!p.sparse && p.causal && p.s_q > 1) {
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) lim[hh] = s_k - p.s_q + (row0 + srg * 16 + g + hh * 8) / p.h_q;
@@ -231,10 +239,10 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
 #pragma unroll
     for (int nt = 0; nt < S::NTV; nt++) o[mt][nt][0] = o[mt][nt][1] = o[mt][nt][2] = o[mt][nt][3] = 0.f;
 
-  const int64_t niter = t_end - t_begin;
-  for (int64_t u = 0; u < niter; u++) {
-    const int64_t t = t_begin + u;
-    const int st = (int)(u % nst);
+  const int niter = t_end - t_begin;
+  int st = 0; // stage of tile t
+  for (int u = 0; u < niter; u++, st = st + 1 == nst ? 0 : st + 1) {
+    const int t = t_begin + u;
     // slots of tile t + nst, looked up now and stored after this tile's P V
     int pf_page = -1, pf_off = 0;
     if (tid < BN) token_of(p, r, qi, nkeys, t + nst, tid, pf_page, pf_off);
@@ -242,15 +250,17 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
     wait_stages(nst);
     __syncthreads();
     {
-      const int ist = (int)((u + nst - 1) % nst);
+      const int ist = st == 0 ? nst - 1 : st - 1; // the stage tile t - 1 used
       if (t + nst - 1 < t_end) issue_tile<MR, DQK>(p, stages + ist * stage_bytes, tok_page + ist * BN, tok_off + ist * BN);
       mla::cp_async_commit();
     }
     const unsigned char *Kt = stages + st * stage_bytes;
     if (!p.identity) {
       const unsigned char *raw = Kt;
-      for (int idx = tid; idx < BN * NCH; idx += NT) {
-        const int n = idx / NCH, c = idx - n * NCH;
+      static_assert(BN * NCH % NT == 0, "whole dequant rounds");
+#pragma unroll 3
+      for (int it = 0; it < BN * NCH / NT; it++) { // independent chunks: unrolled for loads in flight
+        const int idx = it * NT + tid, n = idx / NCH, c = idx - n * NCH;
         *reinterpret_cast<uint4 *>(Kb + n * KP * 2 + c * 16) = mla::dequant_chunk_bf16(plan[c], raw + n * p.stage_pitch, tscale);
       }
       __syncthreads();
@@ -258,29 +268,40 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
     }
 
     // S = Q K^T for rows srg*16.., keys scg*SWN..
-    float sacc[S::SWN / 8][4];
+    // two accumulator sets (even and odd k-steps) halve the dependent mma chain
+    float sacc[S::SWN / 8][4], sodd[S::SWN / 8][4];
 #pragma unroll
-    for (int j = 0; j < S::SWN / 8; j++) sacc[j][0] = sacc[j][1] = sacc[j][2] = sacc[j][3] = 0.f;
+    for (int j = 0; j < S::SWN / 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) sacc[j][e] = sodd[j][e] = 0.f;
     {
       const uint32_t qa = mla::smem_addr(Qs + (srg * 16 + (lane & 15)) * KP + (lane >> 4) * 8);
       uint32_t ka;
       if constexpr (S::SWN == 16) ka = mla::smem_addr(Kt + ((scg * 16 + (lane & 7) + (lane >> 4) * 8) * KP + ((lane >> 3) & 1) * 8) * 2);
       else ka = mla::smem_addr(Kt + ((scg * 8 + (lane & 7)) * KP + ((lane >> 3) & 1) * 8) * 2);
-#pragma unroll 4
-      for (int k = 0; k < DQK / 16; k++) {
-        uint32_t a[4];
-        mla::ldmatrix_x4(a, qa + k * 32);
-        if constexpr (S::SWN == 16) {
-          uint32_t b[4];
-          mla::ldmatrix_x4(b, ka + k * 32);
-          mla::mma_bf16_16816(sacc[0], a, b[0], b[1]);
-          mla::mma_bf16_16816(sacc[1], a, b[2], b[3]);
-        } else {
-          uint32_t b[2];
-          mla::ldmatrix_x2(b, ka + k * 32);
-          mla::mma_bf16_16816(sacc[0], a, b[0], b[1]);
+#pragma unroll 2
+      for (int k = 0; k < DQK / 16; k += 2) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+          float (&acc)[S::SWN / 8][4] = half ? sodd : sacc;
+          uint32_t a[4];
+          mla::ldmatrix_x4(a, qa + (k + half) * 32);
+          if constexpr (S::SWN == 16) {
+            uint32_t b[4];
+            mla::ldmatrix_x4(b, ka + (k + half) * 32);
+            mla::mma_bf16_16816(acc[0], a, b[0], b[1]);
+            mla::mma_bf16_16816(acc[1], a, b[2], b[3]);
+          } else {
+            uint32_t b[2];
+            mla::ldmatrix_x2(b, ka + (k + half) * 32);
+            mla::mma_bf16_16816(acc[0], a, b[0], b[1]);
+          }
         }
       }
+#pragma unroll
+      for (int j = 0; j < S::SWN / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) sacc[j][e] += sodd[j][e];
     }
     // mask, scale, tile row maxima
     const int *pg = tok_page + st * BN;

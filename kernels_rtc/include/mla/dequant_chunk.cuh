@@ -74,11 +74,16 @@ __device__ __forceinline__ uint4 dequant_chunk_bf16(const chunk_plan &c, const u
   }
   float x[8];
   switch (c.dtype) {
-  case MLA_E4M3: case MLA_E5M2: {
+  case MLA_E4M3: case MLA_E5M2: { /* pairs through the packed fp8x2 -> f16x2 conversion (exact) */
     unsigned char b[8];
     smem_bytes<8>(p, b);
+    const __nv_fp8_interpretation_t kind = c.dtype == MLA_E4M3 ? __NV_E4M3 : __NV_E5M2;
 #pragma unroll
-    for (int i = 0; i < 8; i++) x[i] = c.dtype == MLA_E4M3 ? e4m3_to_float(b[i]) : e5m2_to_float(b[i]);
+    for (int i = 0; i < 4; i++) {
+      __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(b[2 * i] | b[2 * i + 1] << 8), kind);
+      const float2 f = __half22float2(*reinterpret_cast<__half2 *>(&h));
+      x[2 * i] = f.x, x[2 * i + 1] = f.y;
+    }
     break;
   }
   case MLA_E2M1: {
