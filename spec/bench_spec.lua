@@ -19,13 +19,14 @@ end
 
 describe("bench on the cpu", function()
   it("takes at least min_samples before any stop test", function()
-    local r = mla.bench(spin(1e-4), { device = "cpu", min_samples = 10, min_time = 0, max_noise = 1 })
+    local r = mla.bench(spin(1e-4), { device = "cpu", min_samples = 10, min_time = 0, max_noise = math.huge, plateau = false })
     assert.equal(10, r.n)
     assert.equal("converged", r.stop)
   end)
 
   it("keeps measuring until min_time of measured time has accumulated", function()
-    local r = mla.bench(spin(2e-4), { device = "cpu", min_time = 0.05, max_noise = 1 })
+    -- no noise bound and no plateau stop: only min_time can end it (robust on a loaded CI machine)
+    local r = mla.bench(spin(2e-4), { device = "cpu", min_time = 0.05, max_noise = math.huge, plateau = false })
     assert.is_true(r.total > 0.05, "total " .. r.total)
     assert.equal("converged", r.stop)
   end)
@@ -35,7 +36,7 @@ describe("bench on the cpu", function()
     local r = mla.bench(spin(1e-4), { device = "cpu", max_noise = 0, min_time = 0, max_time = 0.2, plateau = false })
     local wall = mla.core.clock() - t0
     assert.equal("max_time", r.stop)
-    assert.is_true(wall >= 0.2 and wall < 0.6, "wall " .. wall)
+    assert.is_true(wall >= 0.2 and wall < 2, "wall " .. wall) -- loose upper bound: CI machines are shared
     assert.truthy(table.concat(r.flags, ","):find("not-converged", 1, true))
   end)
 
