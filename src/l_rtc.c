@@ -17,6 +17,7 @@
 #include "rtc_cache.h"
 #include "rtc_deps.h"
 #include "rtc_launch.h"
+#include "kernels/rtc_bench_kernels.h"
 
 #ifndef MLALAB_RTC_ARCHS
 #define MLALAB_RTC_ARCHS "sm_80,sm_90a,sm_100a"
@@ -420,7 +421,7 @@ static int read_dim(lua_State *L, int cfg, const char *field, dim3 *d, int requi
 }
 
 /* Converts the Lua value at idx to an argument; *tensor_dev gets the device of a tensor. */
-static void to_arg(lua_State *L, int idx, int i, int n, mla_rtc_arg *a, int *tensor_dev, char *what, size_t wn) {
+static void to_arg(lua_State *L, int idx, int i, int n, mla_rtc_arg *a, int *tensor_dev) {
   memset(a, 0, sizeof *a);
   *tensor_dev = -2;
   switch (lua_type(L, idx)) {
@@ -439,9 +440,7 @@ static void to_arg(lua_State *L, int idx, int i, int n, mla_rtc_arg *a, int *ten
       if (mla_tensor_data(t, &p)) luaL_error(L, "argument %d of %d: %s", i, n, mla_errmsg());
       *tensor_dev = mla_tensor_device(t);
       a->kind = MLA_ARG_PTR, a->ptr = p;
-      char dn[32];
-      snprintf(what, wn, "a %s %s tensor", mla_device_name(*tensor_dev, dn, sizeof dn), mla_dtype_name(t->dtype));
-      a->what = what;
+      a->tensor_dtype = mla_dtype_name(t->dtype), a->tensor_dev = *tensor_dev;
       return;
     }
   } /* fallthrough */
@@ -451,8 +450,7 @@ static void to_arg(lua_State *L, int idx, int i, int n, mla_rtc_arg *a, int *ten
   }
 }
 
-/* Reads args (table at idx, or none) into a[]; returns the count and the first tensor's device. */
-static int read_args(lua_State *L, int idx, mla_rtc_arg *a, char (*what)[64], int *first_dev, int *devs) {
+static int read_args(lua_State *L, int idx, mla_rtc_arg *a, int *first_dev, int *devs) {
   *first_dev = -2;
   if (lua_isnoneornil(L, idx)) return 0;
   luaL_checktype(L, idx, LUA_TTABLE);
@@ -464,20 +462,55 @@ static int read_args(lua_State *L, int idx, mla_rtc_arg *a, char (*what)[64], in
   for (int i = 0; i < n; i++) {
     if (lua_rawgeti(L, idx, i + 1) == LUA_TNIL)
       luaL_error(L, "argument %d of %d is nil (pass 0 for a null pointer)", i + 1, n);
-    to_arg(L, -1, i + 1, n, &a[i], &devs[i], what[i], sizeof what[i]);
+    to_arg(L, -1, i + 1, n, &a[i], &devs[i]);
     if (devs[i] != -2 && *first_dev == -2) *first_dev = devs[i];
     lua_pop(L, 1); /* strings stay alive in the args table */
   }
   return n;
 }
 
-static int pack_all(lua_State *L, mla_rtc_kernel *k, const mla_rtc_param *ps, int np, const mla_rtc_arg *a, int n,
-                    unsigned char *buf) {
-  if (n != np)
-    return luaL_error(L, "kernel %s: expects %d argument%s, got %d", k ? k->name : "(signature)", np, np == 1 ? "" : "s", n);
+/* Name of parameter i (1-based), or NULL. names_idx holds a list of names,
+ * or a kernel (its info table's param_names: looked up only on the error
+ * path), or is 0. The string stays alive in that list. */
+static const char *param_name(lua_State *L, int names_idx, int i) {
+  if (!names_idx) return NULL;
+  int top = lua_gettop(L);
+  if (lua_type(L, names_idx) == LUA_TUSERDATA) {
+    lua_getiuservalue(L, names_idx, 2);
+    if (lua_type(L, -1) != LUA_TTABLE || lua_getfield(L, -1, "param_names") != LUA_TTABLE) {
+      lua_settop(L, top);
+      return NULL;
+    }
+  } else {
+    lua_pushvalue(L, names_idx);
+  }
+  const char *s = NULL;
+  if (lua_type(L, -1) == LUA_TTABLE && lua_rawgeti(L, -1, i) == LUA_TSTRING) s = lua_tostring(L, -1);
+  lua_settop(L, top);
+  return s;
+}
+
+/* Packs a[0, n) against ps[0, np); errors name the kernel and the parameter
+ * (names_idx: a list of parameter names from the source, or 0). */
+static int pack_all(lua_State *L, const char *kname, const mla_rtc_param *ps, int np, const mla_rtc_arg *a, int n,
+                    unsigned char *buf, int names_idx) {
+  if (n != np) {
+    char list[512] = "";
+    size_t used = 0;
+    for (int i = 1; i <= np && used < sizeof list; i++) {
+      const char *pn = param_name(L, names_idx, i);
+      if (!pn) { list[0] = 0; break; }
+      int w = snprintf(list + used, sizeof list - used, "%s%s%s", i == 1 ? " (" : ", ", pn, i == np ? ")" : "");
+      if (w < 0) break;
+      used += (size_t)w;
+    }
+    return luaL_error(L, "kernel %s: expects %d argument%s%s, got %d", kname, np, np == 1 ? "" : "s", list, n);
+  }
   for (int i = 0; i < n; i++)
     if (mla_rtc_pack_arg(&ps[i], i + 1, n, &a[i], buf + ps[i].offset)) {
-      if (k) mla_err_prefix("kernel %s: ", k->name);
+      const char *pn = param_name(L, names_idx, i + 1);
+      if (pn) mla_err_prefix("kernel %s: parameter '%s': ", kname, pn);
+      else mla_err_prefix("kernel %s: ", kname);
       return mla_lua_error(L);
     }
   return 0;
@@ -515,11 +548,10 @@ static int l_kernel_launch(lua_State *L) {
   luaL_checktype(L, 2, LUA_TTABLE);
   mla_rtc_arg a[MAX_ARGS];
   int devs[MAX_ARGS];
-  static char what[MAX_ARGS][64];
   lua_getfield(L, 2, "args");
   int args_idx = lua_gettop(L);
   int first_dev;
-  int n = read_args(L, args_idx, a, what, &first_dev, devs);
+  int n = read_args(L, args_idx, a, &first_dev, devs);
   mla_rtc_launch_cfg c;
   launch_cfg(L, 2, &c, first_dev);
   for (int i = 0; i < n; i++)
@@ -529,7 +561,7 @@ static int l_kernel_launch(lua_State *L) {
                         mla_device_name(devs[i], dn, sizeof dn), mla_device_name(c.dev, ln, sizeof ln));
     }
   if (mla_rtc_kernel_params(k, c.dev)) return mla_lua_error(L);
-  pack_all(L, k, k->params, k->nparams, a, n, k->argbuf);
+  pack_all(L, k->name, k->params, k->nparams, a, n, k->argbuf, 1);
   if (mla_rtc_launch(k, &c)) return mla_lua_error(L);
   return 0;
 }
@@ -544,6 +576,30 @@ static int l_kernel_time_raw(lua_State *L) {
   launch_cfg(L, 3, &c, -2);
   double s = 0;
   if (mla_rtc_time_raw_launches(k, &c, (int64_t)n, &s)) return mla_lua_error(L);
+  lua_pushnumber(L, s);
+  return 1;
+}
+
+/* core.rtc_time_baked_launches(n, {grid=, block=, device=, stream=}, buffer, a, b) -> seconds:
+ * n plain cudaLaunchKernel calls of a baked empty kernel with the JIT empty
+ * kernel's parameters (float *, int, long long): the launch-overhead baseline. */
+static int l_rtc_time_baked(lua_State *L) {
+  lua_Integer n = luaL_checkinteger(L, 1);
+  luaL_checktype(L, 2, LUA_TTABLE);
+  mla_tensor *t = mla_check_tensor(L, 3);
+  lua_Integer a = luaL_checkinteger(L, 4), b = luaL_checkinteger(L, 5);
+  if (n < 0) return luaL_error(L, "rtc_time_baked_launches: n must be >= 0");
+  mla_rtc_launch_cfg c;
+  launch_cfg(L, 2, &c, mla_tensor_device(t));
+  if (mla_tensor_device(t) != c.dev) return luaL_error(L, "rtc_time_baked_launches: the buffer is not on the launch device");
+  if (c.grid.y != 1 || c.grid.z != 1 || c.block.y != 1 || c.block.z != 1)
+    return luaL_error(L, "rtc_time_baked_launches: grid and block must be 1-dimensional");
+  void *p;
+  if (mla_tensor_data(t, &p)) return mla_lua_error(L);
+  if (mla_device_use(c.dev)) return mla_lua_error(L);
+  double s = 0;
+  cudaError_t e = mla_cuda_time_empty_launches((int64_t)n, c.grid.x, c.block.x, p, (int32_t)a, (int64_t)b, c.stream, &s);
+  if (mla_cuda_check(e, "baked empty kernel launches")) return mla_lua_error(L);
   lua_pushnumber(L, s);
   return 1;
 }
@@ -596,24 +652,40 @@ static int l_rtc_signature(lua_State *L) {
   return 1;
 }
 
-/* core.rtc_pack_args(sig, args) -> packed parameter bytes: the launch's checks without a GPU */
+/* core.rtc_pack_args(sig, args [, param_names [, kernel_name]]) -> packed parameter bytes: the
+ * launch's checks (mla_rtc_pack_arg, the same code) without a GPU */
 static int l_rtc_pack_args(lua_State *L) {
   mla_rtc_param ps[MAX_ARGS];
   int np = mla_rtc_parse_signature(luaL_checkstring(L, 1), ps, MAX_ARGS);
   if (np < 0) return mla_lua_errorf(L, "rtc_pack_args");
   mla_rtc_arg a[MAX_ARGS];
   int devs[MAX_ARGS], first;
-  static char what[MAX_ARGS][64];
-  int n = read_args(L, 2, a, what, &first, devs);
+  int n = read_args(L, 2, a, &first, devs);
+  const char *kname = luaL_optstring(L, 4, "(signature)");
+  int names_idx = lua_istable(L, 3) ? 3 : 0;
   int64_t total = 0;
   for (int i = 0; i < np; i++)
     if (ps[i].offset + ps[i].size > total) total = ps[i].offset + ps[i].size;
   /* a userdata, not malloc: errors longjmp out of pack_all */
   unsigned char *box = lua_newuserdatauv(L, (size_t)total + 1, 0);
   memset(box, 0, (size_t)total + 1);
-  pack_all(L, NULL, ps, np, a, n, box);
+  pack_all(L, kname, ps, np, a, n, box, names_idx);
   lua_pushlstring(L, (const char *)box, (size_t)total);
   return 1;
+}
+
+/* core.rtc_cache_view(packed_desc, pages [, tensor_scale]) -> the bytes of the
+ * mla_cache_view a JIT kernel takes by value, and the pages' device name.
+ * The view is checked against the descriptor as for every other kernel
+ * (l_layout.c: dtype, dims, strides from the tensor, alignment, extent). */
+static int l_rtc_cache_view(lua_State *L) {
+  const mla_layout_desc *d = mla_check_layout_desc(L, 1);
+  mla_cache_view v;
+  int dev = mla_check_cache_view(L, d, 2, 3, &v);
+  lua_pushlstring(L, (const char *)&v, sizeof v);
+  char dn[32];
+  lua_pushstring(L, mla_device_name(dev, dn, sizeof dn));
+  return 2;
 }
 
 /* core.rtc_scalar_bytes(dtype, x) -> the element's bytes (e.g. a __half or __nv_bfloat16 argument) */
@@ -727,6 +799,7 @@ MLA_LUA_MODULE(rtc) {
     {"rtc_load", l_rtc_load},             {"rtc_kernel", l_rtc_kernel},
     {"rtc_rebind", l_rtc_rebind},         {"rtc_signature", l_rtc_signature},
     {"rtc_pack_args", l_rtc_pack_args},   {"rtc_scalar_bytes", l_rtc_scalar_bytes},
+    {"rtc_cache_view", l_rtc_cache_view}, {"rtc_time_baked_launches", l_rtc_time_baked},
     {"rtc_version", l_rtc_version},       {"rtc_build_id", l_rtc_build_id},
     {"rtc_supported_archs", l_rtc_supported_archs}, {"rtc_config", l_rtc_config},
     {"rtc_hash", l_rtc_hash},             {"rtc_entry_check", l_rtc_entry_check},

@@ -2,13 +2,16 @@
 #define _POSIX_C_SOURCE 200809L
 #include "rtc_cache.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Header-only use: no run-time dependency on libxxhash (the binary also runs
@@ -277,14 +280,60 @@ static int write_all(int fd, const char *p, size_t n) {
   return 0;
 }
 
+/* Test hook (issue 9, the cache under concurrency): MLALAB_RTC_TEST_WRITE
+ * = "kill" makes the process SIGKILL itself after writing half of a temp
+ * file, "pause:<ms>" sleeps there (widening the window in which concurrent
+ * writers overlap). Unset in normal use; read once. */
+static void test_hook_mid_write(void) {
+  static int mode = -1, pause_ms = 0;
+  if (mode < 0) {
+    const char *s = getenv("MLALAB_RTC_TEST_WRITE");
+    mode = 0;
+    if (s && strcmp(s, "kill") == 0) mode = 1;
+    else if (s && strncmp(s, "pause:", 6) == 0) mode = 2, pause_ms = atoi(s + 6);
+  }
+  if (mode == 1) raise(SIGKILL);
+  if (mode == 2 && pause_ms > 0) {
+    struct timespec ts = {pause_ms / 1000, (long)(pause_ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+  }
+}
+
+/* Temp files are ".<key>.tmp.<pid>.XXXXXX". One whose writer is gone (killed
+ * mid-write) is never read (no entry has that name) and is removed by the
+ * next write to the directory. A writer in another PID namespace may look
+ * gone: removing its file only costs it that one write (a warning). */
+#define TMP_TAG ".tmp."
+
+static void remove_stale_temps(const char *dir) {
+  DIR *dp = opendir(dir);
+  if (!dp) return;
+  struct dirent *e;
+  while ((e = readdir(dp)) != NULL) {
+    const char *tag = e->d_name[0] == '.' ? strstr(e->d_name, TMP_TAG) : NULL;
+    if (!tag) continue;
+    char *end;
+    long pid = strtol(tag + strlen(TMP_TAG), &end, 10);
+    if (pid <= 0 || *end != '.' || (pid_t)pid == getpid()) continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+    char path[PATH_MAX];
+    int w = snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    if (w > 0 && (size_t)w < sizeof path) unlink(path);
+  }
+  closedir(dp);
+}
+
 /* Temp file in dir, then rename over final. */
 static int atomic_write(const char *dir, const char *hex, const char *final, const char *data, size_t len) {
   char tmp[PATH_MAX];
-  int w = snprintf(tmp, sizeof tmp, "%s/.%s.tmp.XXXXXX", dir, hex);
+  int w = snprintf(tmp, sizeof tmp, "%s/.%s" TMP_TAG "%ld.XXXXXX", dir, hex, (long)getpid());
   if (w < 0 || (size_t)w >= sizeof tmp) return mla_err("cache path too long");
   int fd = mkstemp(tmp);
   if (fd < 0) return mla_err("cannot create a file in %s: %s", dir, strerror(errno));
-  int ok = write_all(fd, data, len) == 0;
+  size_t half = len / 2;
+  int ok = write_all(fd, data, half) == 0;
+  if (ok) test_hook_mid_write();
+  ok = ok && write_all(fd, data + half, len - half) == 0;
   fchmod(fd, 0644);
   if (close(fd) != 0) ok = 0;
   if (!ok || rename(tmp, final) != 0) {
@@ -298,6 +347,7 @@ static int atomic_write(const char *dir, const char *hex, const char *final, con
 int mla_rtc_cache_write(const char *dir, const char hex[MLA_RTC_KEY_HEX], const mla_rtc_binary *b,
                         const mla_rtc_text *save_source) {
   if (mkdirs(dir)) return -1;
+  remove_stale_temps(dir);
   char path[PATH_MAX];
   if (entry_path(path, sizeof path, dir, hex, ".cubin")) return -1;
   char *data;

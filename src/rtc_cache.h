@@ -16,9 +16,12 @@
  *   XXH3-128 of the payload                              16
  *   payload: u32 n; n x (u32 len, expr, u32 len, mangled);
  *            u32 len, log; u32 len, signatures; u64 len, cubin
- * Written to a temporary file in the same directory, then renamed (atomic;
- * concurrent writers are harmless). A short, long, foreign or corrupted file
- * is a miss, recompiled and overwritten, never loaded. */
+ * Written to a temporary file in the same directory (".<key>.tmp.<pid>.XXXXXX"),
+ * then renamed (atomic; concurrent writers of one key each rename a complete
+ * file, readers see the old entry, a new one or none). A writer killed
+ * mid-write leaves only its temp file, which nothing reads and the next write
+ * to the directory removes. A short, long, foreign or corrupted entry is a
+ * miss, recompiled and overwritten, never loaded. */
 #ifndef MLA_RTC_CACHE_H
 #define MLA_RTC_CACHE_H
 

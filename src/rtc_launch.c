@@ -66,6 +66,11 @@ static void put_le(unsigned char *dst, uint64_t v, int64_t size) {
 
 static const char *describe(const mla_rtc_arg *a, char *buf, size_t n) {
   if (a->what) return a->what;
+  if (a->kind == MLA_ARG_PTR && a->tensor_dtype) { /* formatted only on the error path */
+    if (a->tensor_dev < 0) snprintf(buf, n, "a cpu %s tensor", a->tensor_dtype);
+    else snprintf(buf, n, "a cuda:%d %s tensor", a->tensor_dev, a->tensor_dtype);
+    return buf;
+  }
   switch (a->kind) {
   case MLA_ARG_INT: snprintf(buf, n, "the integer %lld", (long long)a->i); break;
   case MLA_ARG_FLOAT: snprintf(buf, n, "the number %.17g", a->f); break;

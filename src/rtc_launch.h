@@ -39,7 +39,9 @@ typedef struct mla_rtc_arg {
   const void *ptr;    /* PTR */
   const void *bytes;  /* BYTES */
   size_t nbytes;
-  const char *what;   /* how an error names the value ("a cuda:0 tensor"); may be NULL */
+  const char *what;   /* how an error names the value; may be NULL */
+  const char *tensor_dtype; /* PTR from a tensor: its dtype name (errors say "a cuda:0 bf16 tensor") */
+  int tensor_dev;           /* ... and its device (-1 = cpu) */
 } mla_rtc_arg;
 
 /* Writes argument `index` (1-based, of `count`) for parameter p into dst.

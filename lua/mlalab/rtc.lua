@@ -172,8 +172,8 @@ function rtc.nvrtc_version() return core.rtc_version() end
 
 -- File headers -----------------------------------------------------------------------
 
-local META_KEYS = { names = "table", layouts = "table", layout_fixtures = "string", block_size = "number",
-  defines = "table", options = "table", archs = "table", skip = "string" }
+local META_KEYS = { names = "table", layouts = "table", block_size = "number", defines = "table", options = "table",
+  archs = "table", skip = "string" }
 
 --- The `/* mlalab-rtc ... */` block of a kernel file: Lua table fields that
 -- say how the file is compiled (names, defines, options, layouts, ...).
@@ -509,9 +509,18 @@ end
 --- Lowered (mangled) name of a name expression or kernel, or nil.
 function Module:lowered_name(name) return self:_lowered(name, true) end
 
+-- Parameter names of an entry, read off its __global__ declaration in the
+-- program text (nil when they cannot be found): errors name parameters.
+local function param_names_of(self, low)
+  local sig = self.rec.sigs[low]
+  if not sig then return nil end
+  local count = sig == "" and 0 or select(2, sig:gsub(",", ",")) + 1
+  return diag.param_names(self.prep:text(self.program), diag.base_name(low), count)
+end
+
 local function info_of(self, name, low)
   return { name = name, lowered = low, program = self.program, arch = self.arch, sig = self.rec.sigs[low],
-    resources = self.rec.resources[low], module = self }
+    resources = self.rec.resources[low], param_names = param_names_of(self, low), module = self }
 end
 
 --- The kernel for a name or name expression. A new template expression
@@ -567,6 +576,7 @@ function Module:reload(force)
       core.rtc_rebind(k, self:_library(), low, rec.sigs[low])
       local info = self._infos[name]
       info.lowered, info.sig, info.resources = low, rec.sigs[low], rec.resources[low]
+      info.param_names = param_names_of(self, low)
     else
       self._kernels[name], self._infos[name] = nil, nil
     end
@@ -580,6 +590,24 @@ function Module:signature(name)
   local low = self:_lowered(name)
   if not low then error("rtc: " .. self.program .. " has no kernel '" .. tostring(name) .. "'", 2) end
   return core.rtc_signature(self.rec.sigs[low] or "")
+end
+
+--- Names of a kernel's parameters as its source declares them (nil if unknown).
+function Module:param_names(name)
+  local low = self:_lowered(name)
+  if not low then error("rtc: " .. self.program .. " has no kernel '" .. tostring(name) .. "'", 2) end
+  return param_names_of(self, low)
+end
+
+--- Checks and packs launch arguments against a kernel's parameters without a
+-- GPU (the launch runs the same checks against the device's list): returns the
+-- packed parameter bytes, or raises naming the kernel and the parameter.
+function Module:check_args(name, args)
+  local low = self:_lowered(name)
+  if not low then error("rtc: " .. self.program .. " has no kernel '" .. tostring(name) .. "'", 2) end
+  local ok, packed = pcall(core.rtc_pack_args, self.rec.sigs[low] or "", args, param_names_of(self, low), name)
+  if not ok then error(packed, 2) end
+  return packed
 end
 
 Module.__tostring = function(self)

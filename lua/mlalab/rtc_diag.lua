@@ -151,4 +151,106 @@ function diag.base_name(mangled)
   return last or mangled
 end
 
+-- Parameter names --------------------------------------------------------------
+
+-- Source with comments and string/char literals blanked (same length).
+local function strip_comments(src)
+  local out, i, n = {}, 1, #src
+  while i <= n do
+    local c2 = src:sub(i, i + 1)
+    if c2 == "//" then
+      local j = src:find("\n", i, true) or n + 1
+      out[#out + 1] = string.rep(" ", j - i); i = j
+    elseif c2 == "/*" then
+      local _, j = src:find("*/", i + 2, true)
+      j = j or n
+      out[#out + 1] = (src:sub(i, j):gsub("[^\n]", " ")); i = j + 1
+    elseif src:sub(i, i) == '"' or src:sub(i, i) == "'" then
+      local q, j = src:sub(i, i), i + 1
+      while j <= n and src:sub(j, j) ~= q do j = j + (src:sub(j, j) == "\\" and 2 or 1) end
+      out[#out + 1] = q .. string.rep(" ", j - i - 1) .. q; i = j + 1
+    else
+      local j = src:find("[/\"']", i) or n + 1
+      if j == i then j = i + 1 end
+      out[#out + 1] = src:sub(i, j - 1); i = j
+    end
+  end
+  return table.concat(out)
+end
+
+-- Index just past the bracket closing the one at `i` (any of ( [ { <), or nil.
+local OPEN = { ["("] = ")", ["["] = "]", ["{"] = "}", ["<"] = ">" }
+local function close_of(s, i)
+  local depth = 0
+  for j = i, #s do
+    local c = s:sub(j, j)
+    if OPEN[c] then depth = depth + 1 elseif c == ")" or c == "]" or c == "}" or c == ">" then
+      depth = depth - 1
+      if depth == 0 then return j + 1 end
+    end
+  end
+  return nil
+end
+
+local TYPE_WORDS = { int = 1, float = 1, double = 1, char = 1, short = 1, long = 1, bool = 1, void = 1, unsigned = 1,
+  signed = 1, const = 1, volatile = 1, __restrict__ = 1, restrict = 1, struct = 1, size_t = 1, auto = 1 }
+
+-- The declared name of one parameter's text, or nil when it has none.
+local function param_name(p)
+  local depth, cut = 0, #p
+  for j = 1, #p do -- drop a default value
+    local c = p:sub(j, j)
+    if OPEN[c] then depth = depth + 1 elseif c == ")" or c == "]" or c == "}" or c == ">" then depth = depth - 1
+    elseif c == "=" and depth == 0 then cut = j - 1; break end
+  end
+  p = p:sub(1, cut):gsub("%b[]", ""):gsub("%s+$", "")
+  local name = p:match("([%a_][%w_]*)$")
+  if not name or TYPE_WORDS[name] or p:match("^%s*" .. name .. "$") or p:find("::%s*" .. name .. "$") then return nil end
+  return name
+end
+
+--- Parameter names of the kernel `base` (a function name) declared
+-- __global__ in `src`, for a parameter list of `count` entries; nil when
+-- the declaration cannot be found or read.
+function diag.param_names(src, base, count)
+  if type(src) ~= "string" or not base then return nil end
+  local s = strip_comments(src)
+  local pos = 1
+  while true do
+    local g = s:find("__global__", pos, true)
+    if not g then return nil end
+    pos = g + 10
+    -- the first identifier followed by "(" that is not an attribute names the function
+    local i = pos
+    local name, open
+    while true do
+      local a, b, id = s:find("([%a_][%w_]*)%s*%(", i)
+      if not a then break end
+      if id == "__launch_bounds__" or id == "__attribute__" or id == "__declspec" then
+        i = close_of(s, s:find("(", b, true)) or #s + 1
+      else
+        name, open = id, b
+        break
+      end
+    end
+    if name == base and open then
+      local close = close_of(s, open)
+      if close then
+        local body = s:sub(open + 1, close - 2)
+        local names, depth, start = {}, 0, 1
+        if body:match("^%s*void%s*$") or body:match("^%s*$") then body = "" end
+        for j = 1, #body + 1 do
+          local c = body:sub(j, j)
+          if OPEN[c] then depth = depth + 1 elseif c == ")" or c == "]" or c == "}" or c == ">" then depth = depth - 1
+          elseif (c == "," and depth == 0) or j == #body + 1 then
+            if body ~= "" then names[#names + 1] = param_name(body:sub(start, j - 1)) or ("#" .. (#names + 1)) end
+            start = j + 1
+          end
+        end
+        if count == nil or #names == count then return names end
+      end
+    end
+  end
+end
+
 return diag

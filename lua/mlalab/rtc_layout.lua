@@ -185,35 +185,38 @@ function M.header(layout, block_size)
   return table.concat(o, "\n") .. "\n"
 end
 
---- Bytes of an mla_cache_view argument for one layer's pages:
--- t is u8 [pages, page_bytes] (token rows of region 0 at the descriptor's row
--- size) or [pages, block_size, row] (token stride from the tensor);
--- opts.tensor_scale: an f32 tensor holding the per-tensor scale, or nil;
--- opts.allow_cpu: accept a CPU tensor (to inspect the bytes).
--- Strides come from the tensor, never from block_size x row bytes.
+--- Bytes of an mla_cache_view argument (passed by value) for one layer's pages:
+-- t is u8 [pages, page_bytes] or [pages, block_size, row] (one-region
+-- layouts), e.g. cache:view(i).pages; layout: a layout (then opts.block_size),
+-- a descriptor table or a packed descriptor. opts.tensor_scale: an f32
+-- tensor of one element on the pages' device, or nil; opts.allow_cpu: accept
+-- a CPU tensor (to inspect the bytes). The view is checked against the
+-- descriptor as every kernel's is (src/l_layout.c); strides come from the
+-- tensor, never from block_size x row bytes.
 function M.cache_view(t, layout, opts)
   opts = opts or {}
-  local desc = layout
-  if type(layout) == "table" and type(layout.desc) == "function" then desc = layout:desc(opts.block_size) end
-  local d = M.normalize(desc, opts.block_size)
-  if not core.is_tensor(t) then error("cache_view: a tensor of pages is expected", 2) end
-  if not t:is_cuda() and not opts.allow_cpu then error("cache_view: pages must be a CUDA tensor (kernels read them)", 2) end
-  local es = t:element_size()
-  if t:get_dtype() ~= "u8" then error("cache_view: pages must be a u8 tensor, got " .. t:get_dtype(), 2) end
-  local nd = t:dim()
-  if nd ~= 2 and nd ~= 3 then error("cache_view: pages must be [pages, page_bytes] or [pages, block_size, row]", 2) end
-  local page_stride = t:stride(0) * es
-  local token_stride = nd == 3 and t:stride(1) * es or d.region_row_bytes[1]
-  if nd == 3 and d.nregions > 1 then error("cache_view: a [pages, block_size, row] view needs a one-region layout", 2) end
-  if page_stride < d.page_bytes and t:size(0) > 1 then
-    error(string.format("cache_view: page stride %d is below the layout's page bytes %d", page_stride, d.page_bytes), 2)
+  if not core.is_tensor(t) then error("cache_view: a tensor of pages is expected, got a " .. type(t), 2) end
+  local packed
+  if type(layout) == "string" and layout:find("\0", 1, true) then
+    packed = layout
+  elseif (type(layout) == "table" or type(layout) == "userdata") and type(layout.packed) == "function" then
+    if opts.block_size == nil then error("cache_view: block_size is required with a layout", 2) end
+    packed = layout:packed(opts.block_size)
+  elseif type(layout) == "table" then
+    local d = M.normalize(layout, opts.block_size)
+    local desc = {}
+    for k, v in pairs(layout) do desc[k] = v end
+    desc.block_size = d.block_size
+    packed = core.layout_pack(desc)
+  else
+    error("cache_view: a layout, a descriptor table or a packed descriptor is expected, got a " .. type(layout), 2)
   end
-  local scale = 0
-  if opts.tensor_scale then
-    if opts.tensor_scale:get_dtype() ~= "f32" then error("cache_view: tensor_scale must be an f32 tensor", 2) end
-    scale = opts.tensor_scale:data_ptr()
+  local ok, bytes, device = pcall(core.rtc_cache_view, packed, t, opts.tensor_scale)
+  if not ok then error("cache_view: " .. tostring(bytes), 2) end
+  if device == "cpu" and not opts.allow_cpu then
+    error("cache_view: pages must be a CUDA tensor (kernels read them); pass allow_cpu = true to inspect the bytes", 2)
   end
-  return string.pack("<i8i8i8i8i8", t:data_ptr(), page_stride, token_stride, t:size(0), scale)
+  return bytes
 end
 
 return M
