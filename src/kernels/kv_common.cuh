@@ -3,6 +3,8 @@
 #ifndef MLA_KV_COMMON_CUH
 #define MLA_KV_COMMON_CUH
 
+#include <stdlib.h>
+
 #include <cuda_runtime.h>
 
 #include "kv_kernels.h"
@@ -48,17 +50,37 @@ __device__ __forceinline__ void split_slot(int64_t slot, int bs, int64_t &page, 
 
 __device__ __forceinline__ void count_bad(unsigned long long *bad) { atomicAdd(bad, 1ull); }
 
-// Lanes per token: the smallest power of two covering the chunks, at most 32.
-inline int lanes_per_token(int nchunks) {
+inline int pow2_at_least(int n) {
   int l = 1;
-  while (l < nchunks && l < 32) l <<= 1;
+  while (l < n) l <<= 1;
   return l;
+}
+
+// Lanes per token. Fewer lanes per token put more tokens (and bytes) in
+// flight per warp, which a latency-bound gather needs; at most 5 chunks per
+// lane keeps registers near 64 (ptxas: 9 chunks cost ~100, halving the warps
+// an SM holds): 576-dim rows get 16 lanes x 5 chunks (2 tokens per warp),
+// 512-dim 16 x 4, the 128-dim indexer key 8 x 2 (4 tokens per warp).
+// MLALAB_KV_LPT=8|16|32 overrides the choice (for tuning; ignored when the row
+// would need more than 16 chunks per lane).
+inline int lanes_per_token(int nchunks) {
+  static int env = -1;
+  if (env < 0) {
+    const char *s = getenv("MLALAB_KV_LPT");
+    int v = s ? atoi(s) : 0;
+    env = (v == 1 || v == 2 || v == 4 || v == 8 || v == 16 || v == 32) ? v : 0;
+  }
+  int lpt = pow2_at_least((nchunks + 4) / 5);
+  int small = pow2_at_least(nchunks) < 8 ? pow2_at_least(nchunks) : 8;
+  if (lpt < small) lpt = small;
+  if (env && (nchunks + env - 1) / env <= 16) lpt = env;
+  return lpt < 32 ? lpt : 32;
 }
 
 // Chunks per lane, rounded up to an instantiated count.
 inline int iters_for(int nchunks, int lpt) {
   int need = (nchunks + lpt - 1) / lpt;
-  const int inst[] = {1, 2, 3, 4, 8, 16};
+  const int inst[] = {1, 2, 3, 4, 5, 8, 9, 16};
   for (int v : inst)
     if (v >= need) return v;
   return -1;
@@ -84,6 +106,8 @@ template <typename K> int grid_for(K kernel, size_t smem, int64_t work_blocks) {
   case 2: { constexpr int ITERS = 2; __VA_ARGS__; } break;                \
   case 3: { constexpr int ITERS = 3; __VA_ARGS__; } break;                \
   case 4: { constexpr int ITERS = 4; __VA_ARGS__; } break;                \
+  case 5: { constexpr int ITERS = 5; __VA_ARGS__; } break;                \
+  case 9: { constexpr int ITERS = 9; __VA_ARGS__; } break;                \
   case 8: { constexpr int ITERS = 8; __VA_ARGS__; } break;                \
   case 16: { constexpr int ITERS = 16; __VA_ARGS__; } break;              \
   default: return cudaErrorInvalidValue;                                  \

@@ -7,6 +7,7 @@ namespace {
 using namespace mla_kv;
 
 constexpr int kTopkBatch = 4; // entries per lane loaded before any is used
+constexpr int kVecBatch = 2;  // 16-byte loads per lane in flight on the vector path
 
 // Request of query token t, -1 for a padding token past cu_q[B].
 __device__ __forceinline__ int64_t request_of(const mla_kv_token_req &q, int64_t t) {
@@ -24,11 +25,12 @@ struct PagedMap {
   int64_t out_max;
   __device__ int64_t nreq() const { return bt.rows; }
   __device__ bool map(int64_t r, int64_t idx, int64_t &out) const {
-    int64_t j = idx / bs;
+    int64_t j, off;
+    split_slot(idx, (int)bs, j, off);
     if (j >= bt.cols) return false;
     int64_t page = imat_at(bt, r, j);
     if (page < 0) return false;
-    out = page * bs + (idx - j * bs);
+    out = page * bs + off;
     return out <= out_max;
   }
 };
@@ -43,8 +45,8 @@ struct RaggedMap {
   }
 };
 
-// One warp per query token row.
-template <class Map>
+// One warp per query token row; TI / TO: the index types of topk and out.
+template <class Map, typename TI, typename TO>
 __global__ void __launch_bounds__(kThreads) topk_kernel(const mla_kv_imat topk, const mla_kv_token_req req, const Map m,
                                                         const mla_kv_omat out, const mla_kv_omat lens,
                                                         unsigned long long *bad) {
@@ -52,32 +54,64 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(const mla_kv_imat topk, 
   const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
   const int64_t K = topk.cols;
+  const TI *in = (const TI *)topk.data;
+  TO *o = (TO *)out.data;
+  // 16-byte loads and stores when both are contiguous 32-bit rows on 16-byte boundaries
+  const bool vec = sizeof(TI) == 4 && sizeof(TO) == 4 && topk.cs == 1 && out.cs == 1 && topk.rs % 4 == 0 &&
+                   out.rs % 4 == 0 && ((uintptr_t)in & 15) == 0 && ((uintptr_t)o & 15) == 0;
   for (int64_t t = warp; t < topk.rows; t += nwarps) {
     int64_t r = request_of(req, t);
     bool pad = r < 0 && !req.token_req.n; // past cu_q[B]: a padding token
     bool rok = r >= 0 && r < m.nreq();
     if (!rok && !pad && lane == 0) count_bad(bad);
+    const TI *row = in + t * topk.rs;
+    TO *orow = o + t * out.rs;
     int nvalid = 0;
-    for (int64_t k0 = 0; k0 < K; k0 += 32 * kTopkBatch) {
-      int64_t idx[kTopkBatch];
+    int64_t kv = 0; // entries done by the 16-byte path
+    if (vec) {
+      for (; kv + 128 * kVecBatch <= K; kv += 128 * kVecBatch) {
+        int4 q[kVecBatch];
+#pragma unroll
+        for (int j = 0; j < kVecBatch; j++) q[j] = __ldg(reinterpret_cast<const int4 *>(row + kv) + lane + 32 * j);
+#pragma unroll
+        for (int j = 0; j < kVecBatch; j++) {
+          int e[4] = {q[j].x, q[j].y, q[j].z, q[j].w};
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            int64_t v = -1;
+            if (e[i] >= 0 && rok) {
+              nvalid++;
+              if (!m.map(r, e[i], v)) {
+                v = -1;
+                count_bad(bad);
+              }
+            }
+            e[i] = (int)v;
+          }
+          reinterpret_cast<int4 *>(orow + kv)[lane + 32 * j] = make_int4(e[0], e[1], e[2], e[3]);
+        }
+      }
+    }
+    for (int64_t k0 = kv; k0 < K; k0 += 32 * kTopkBatch) {
+      TI idx[kTopkBatch];
 #pragma unroll
       for (int j = 0; j < kTopkBatch; j++) {
         int64_t k = k0 + lane + 32 * j;
-        idx[j] = k < K ? imat_at(topk, t, k) : -1;
+        idx[j] = k < K ? __ldg(row + k * topk.cs) : (TI)-1;
       }
 #pragma unroll
       for (int j = 0; j < kTopkBatch; j++) {
         int64_t k = k0 + lane + 32 * j;
         if (k >= K) continue;
-        int64_t o = -1;
+        int64_t v = -1;
         if (idx[j] >= 0 && rok) {
           nvalid++;
-          if (!m.map(r, idx[j], o)) {
-            o = -1;
+          if (!m.map(r, (int64_t)idx[j], v)) {
+            v = -1;
             count_bad(bad);
           }
         }
-        omat_set(out, t, k, o);
+        orow[k * out.cs] = (TO)v;
       }
     }
     if (lens.data) {
@@ -88,14 +122,23 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(const mla_kv_imat topk, 
   }
 }
 
+template <class Map, typename TI, typename TO>
+void launch_topk_typed(const mla_kv_imat *topk, const mla_kv_token_req *req, const Map &m, const mla_kv_omat *out,
+                       const mla_kv_omat &lens, unsigned long long *bad, cudaStream_t s) {
+  int64_t work = (topk->rows + kThreads / 32 - 1) / (kThreads / 32);
+  auto k = topk_kernel<Map, TI, TO>;
+  k<<<grid_for(k, 0, work), kThreads, 0, s>>>(*topk, *req, m, *out, lens, bad);
+}
+
 template <class Map>
 cudaError_t launch_topk(const mla_kv_imat *topk, const mla_kv_token_req *req, const Map &m, const mla_kv_omat *out,
                         const mla_kv_omat *lens, unsigned long long *bad, cudaStream_t s) {
   if (topk->rows == 0) return cudaSuccess;
-  mla_kv_omat no_lens = {};
-  int64_t work = (topk->rows + kThreads / 32 - 1) / (kThreads / 32);
-  auto k = topk_kernel<Map>;
-  k<<<grid_for(k, 0, work), kThreads, 0, s>>>(*topk, *req, m, *out, lens ? *lens : no_lens, bad);
+  mla_kv_omat l = lens ? *lens : mla_kv_omat{};
+  if (topk->is64 && out->is64) launch_topk_typed<Map, long long, long long>(topk, req, m, out, l, bad, s);
+  else if (topk->is64) launch_topk_typed<Map, long long, int>(topk, req, m, out, l, bad, s);
+  else if (out->is64) launch_topk_typed<Map, int, long long>(topk, req, m, out, l, bad, s);
+  else launch_topk_typed<Map, int, int>(topk, req, m, out, l, bad, s);
   return cudaGetLastError();
 }
 
