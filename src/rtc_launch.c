@@ -268,7 +268,7 @@ static int ensure_smem(mla_rtc_kernel *k, int dev, int64_t smem) {
                    (long long)smem, k->static_smem, dev, pr.max_smem_optin);
   char what[200];
   snprintf(what, sizeof what, "kernel %s: opting into %lld bytes of dynamic shared memory", k->name, (long long)smem);
-  if (mla_cuda_check(cudaFuncSetAttribute((const void *)k->handle, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+  if (mla_cuda_check(cudaKernelSetAttributeForDevice(k->handle, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem, dev),
                      what))
     return -1;
   if (dev < MLA_RTC_MAX_DEVICES) k->smem_optin[dev] = (int)smem;

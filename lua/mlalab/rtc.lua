@@ -72,11 +72,14 @@ config.dir = default_cache_dir()
 config.save_source = env "MLALAB_KERNEL_CACHE_SAVE_SOURCE" ~= nil and env "MLALAB_KERNEL_CACHE_SAVE_SOURCE" ~= "0"
 config.salt = env "MLALAB_KERNEL_CACHE_SALT" or ""
 config.verbose = env "MLALAB_RTC_VERBOSE" ~= nil and env "MLALAB_RTC_VERBOSE" ~= "0"
+-- refresh: compile every program again and overwrite its entry (never read the cache)
+config.refresh = env "MLALAB_KERNEL_CACHE_REFRESH" ~= nil and env "MLALAB_KERNEL_CACHE_REFRESH" ~= "0"
 
 --- The disk cache directory, or nil in memory-only mode.
 function rtc.cache_dir() return config.dir end
 
---- rtc.set_cache{dir=path | memory_only=true, save_source=bool, salt=str, verbose=bool}
+--- rtc.set_cache{dir=path | memory_only=true, save_source=bool, salt=str, verbose=bool, refresh=bool}
+-- (refresh: recompile every program and overwrite its entry; MLALAB_KERNEL_CACHE_REFRESH=1)
 function rtc.set_cache(o)
   assert(type(o) == "table", "set_cache: an options table is expected")
   if o.memory_only then config.dir = nil
@@ -87,6 +90,7 @@ function rtc.set_cache(o)
   if o.save_source ~= nil then config.save_source = not not o.save_source end
   if o.salt ~= nil then config.salt = tostring(o.salt) end
   if o.verbose ~= nil then config.verbose = not not o.verbose end
+  if o.refresh ~= nil then config.refresh = not not o.refresh end
 end
 
 -- Statistics and the in-process memo -------------------------------------------
@@ -351,7 +355,7 @@ end
 local function obtain(s, prep)
   local key = prep:key()
   stats.prepare_ms = stats.prepare_ms + prep:prepare_ms()
-  if s.cache ~= false then
+  if s.cache ~= false and not config.refresh then
     local rec = memo[key]
     if rec then
       stats.memo_hits = stats.memo_hits + 1
@@ -359,7 +363,7 @@ local function obtain(s, prep)
     end
   end
   local dir = (s.cache == nil or s.cache == true) and config.dir or nil
-  local r = core.rtc_build(prep, { cache_dir = dir, save_source = config.save_source, no_read = s.cache == false })
+  local r = core.rtc_build(prep, { cache_dir = dir, save_source = config.save_source, no_read = s.cache == false or config.refresh })
   if r.read_ms then stats.read_ms = stats.read_ms + r.read_ms end
   if r.corrupt then
     stats.corrupt = stats.corrupt + 1
@@ -432,7 +436,7 @@ function rtc.compile(spec)
   if type(spec) ~= "table" then error("rtc.compile: a spec table (or a file name) is expected", 2) end
   local s = resolve(spec)
   local self = setmetatable({
-    _s = s, names = s.names, program = s.program, arch = s.arch, options = s.options, path = s.path,
+    _s = s, _spec = spec, names = s.names, program = s.program, arch = s.arch, options = s.options, path = s.path,
     layout_desc = s.layout_desc, _kernels = {}, _infos = {},
   }, Module)
   build_module(self)
@@ -531,15 +535,7 @@ function Module:kernel(name)
   local k = self._kernels[name]
   if k then return k end
   local low = self:_lowered(name)
-  if not low and name:find("[<(]") then
-    self.names[#self.names + 1] = name
-    local ok, err = pcall(self.reload, self, true)
-    if not ok then
-      table.remove(self.names)
-      error(err, 0)
-    end
-    low = self:_lowered(name)
-  end
+  if not low and name:find("[<(]") then low = self:instantiate(name) end
   if not low then
     local list = {}
     for _, e in ipairs(self:kernels()) do list[#list + 1] = e.name end
@@ -552,23 +548,40 @@ function Module:kernel(name)
   return k
 end
 
+--- Adds a name expression ("f<256, float>") to the module and recompiles it
+-- (cached like any compile; no GPU needed). Returns its lowered name. A
+-- compile error is raised and the module keeps its last build.
+function Module:instantiate(expr)
+  if type(expr) ~= "string" or expr == "" then error("instantiate: a name expression is expected", 2) end
+  local low = self.rec.lowered[expr]
+  if low then return low end
+  self.names[#self.names + 1] = expr
+  local ok, err = pcall(self.reload, self, true)
+  if not ok then
+    table.remove(self.names)
+    error(err, 0)
+  end
+  return self.rec.lowered[expr]
+end
+
 --- Recompiles if any source or header changed (by content). Returns true when
 -- the module was rebuilt; kernels obtained before keep working and now run the
 -- new code. A compile error is raised and the module keeps its last build.
 function Module:reload(force)
   local s = self._s
-  if s.path then -- the file's own header may have changed too
-    local meta = rtc.file_meta(read_text(s.path), s.program)
+  if s.path then -- the file's mlalab-rtc block (names, defines, options) may have changed too
+    s = resolve(self._spec)
     local seen = {}
-    for _, n in ipairs(self.names) do seen[n] = true end
-    for _, n in ipairs(meta.names or {}) do append_unique(self.names, seen, n) end
+    for _, n in ipairs(s.names) do seen[n] = true end
+    for _, n in ipairs(self.names) do append_unique(s.names, seen, n) end -- instantiated ones stay
   end
-  local prep = prepare(s, self.names)
+  local prep = prepare(s, s.names)
   if prep:key() == self.key and not force then
     self.prep = prep -- same content (a touched file): remember the new times
     return false
   end
   local rec, state = obtain(s, prep)
+  self._s, self.names, self.options = s, s.names, s.options
   self:_adopt(prep, rec, state)
   for name, k in pairs(self._kernels) do
     local low = self:_lowered(name, true)
