@@ -48,7 +48,7 @@ cudaError_t mla_cuda_kv_gather_raw(const mla_kv_cache *c, const mla_kv_dense *g,
  * pages or more): chunks stored with group f32 scales copy the codes and
  * take the tensor scale as their scale; bf16 chunks without a scale get
  * bf16(decode * tensor scale); padding is zeroed. The pairing is checked by
- * mla_kv_requant_plan_check (src/kv.c) before launch. */
+ * requant_check (src/kv.c) before launch. */
 cudaError_t mla_cuda_kv_requant(const mla_kv_cache *src, const mla_kv_cache *dst, cudaStream_t s);
 
 /* Compaction of referenced pages: flags[p] = 1 for every page an index >= 0

@@ -3,7 +3,7 @@
 // chunk: a dst chunk with group scales takes the src codes unchanged and the
 // tensor scale as its f32 scale (values preserved bit for bit); a bf16 dst
 // chunk without a scale takes bf16(decode * tensor scale). The host checked
-// the pairing (mla_kv_requant_plan_check in src/kv_checks.c).
+// the pairing (requant_check in src/kv.c).
 #include "kv_common.cuh"
 
 namespace {
