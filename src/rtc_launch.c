@@ -84,34 +84,37 @@ static const char *describe(const mla_rtc_arg *a, char *buf, size_t n) {
 #define ARG_ERR(fmt, ...)                                                                                          \
   mla_err("argument %d of %d (%s%s%lld bytes): " fmt, index, count, p->type, p->type[0] ? ", " : "",            \
           (long long)p->size, __VA_ARGS__)
+/* How an error names the value: formatted only on the error path (launches are hot). */
+#define WHAT describe(a, buf, sizeof buf)
 
-static int pack_int(const mla_rtc_param *p, int index, int count, int64_t v, const char *what, unsigned char *dst) {
+static int pack_int(const mla_rtc_param *p, int index, int count, int64_t v, const mla_rtc_arg *a, unsigned char *dst) {
+  char buf[96];
   if (p->size != 1 && p->size != 2 && p->size != 4 && p->size != 8)
-    return ARG_ERR("got %s; pass a %lld-byte string for this parameter", what, (long long)p->size);
+    return ARG_ERR("got %s; pass a %lld-byte string for this parameter", WHAT, (long long)p->size);
   if (p->size < 8) {
     /* the parameter's signedness is unknown: accept either reading */
     int64_t lo = -((int64_t)1 << (8 * p->size - 1)), hi = ((int64_t)1 << (8 * p->size)) - 1;
-    if (v < lo || v > hi) return ARG_ERR("%s does not fit in %lld bytes", what, (long long)p->size);
+    if (v < lo || v > hi) return ARG_ERR("%s does not fit in %lld bytes", WHAT, (long long)p->size);
   }
   put_le(dst, (uint64_t)v, p->size);
   return 0;
 }
 
-static int pack_float(const mla_rtc_param *p, int index, int count, double v, const char *what, unsigned char *dst) {
+static int pack_float(const mla_rtc_param *p, int index, int count, double v, const mla_rtc_arg *a, unsigned char *dst) {
+  char buf[96];
   if (p->size == 4) {
     float f = (float)v;
     memcpy(dst, &f, 4);
   } else if (p->size == 8) {
     memcpy(dst, &v, 8);
   } else {
-    return ARG_ERR("got %s; pass the bits as a %lld-byte string (e.g. mla.rtc.f16(x))", what, (long long)p->size);
+    return ARG_ERR("got %s; pass the bits as a %lld-byte string (e.g. mla.rtc.f16(x))", WHAT, (long long)p->size);
   }
   return 0;
 }
 
 int mla_rtc_pack_arg(const mla_rtc_param *p, int index, int count, const mla_rtc_arg *a, unsigned char *dst) {
   char buf[96];
-  const char *what = describe(a, buf, sizeof buf);
   switch (a->kind) {
   case MLA_ARG_BYTES:
     if ((int64_t)a->nbytes != p->size) return ARG_ERR("got a %zu-byte string", a->nbytes);
@@ -119,24 +122,24 @@ int mla_rtc_pack_arg(const mla_rtc_param *p, int index, int count, const mla_rtc
     return 0;
   case MLA_ARG_PTR:
     if (p->kind == MLA_PARAM_FLOAT || p->kind == MLA_PARAM_BYTES || p->size != 8)
-      return ARG_ERR("got %s (an 8-byte device pointer)", what);
+      return ARG_ERR("got %s (an 8-byte device pointer)", WHAT);
     put_le(dst, (uint64_t)(uintptr_t)a->ptr, 8);
     return 0;
   case MLA_ARG_BOOL:
-    if (p->kind == MLA_PARAM_FLOAT || p->kind == MLA_PARAM_BYTES) return ARG_ERR("got %s", what);
-    return pack_int(p, index, count, a->i ? 1 : 0, what, dst);
+    if (p->kind == MLA_PARAM_FLOAT || p->kind == MLA_PARAM_BYTES) return ARG_ERR("got %s", WHAT);
+    return pack_int(p, index, count, a->i ? 1 : 0, a, dst);
   case MLA_ARG_INT:
-    if (p->kind == MLA_PARAM_BYTES) return ARG_ERR("got %s; pass a %lld-byte string", what, (long long)p->size);
-    if (p->kind == MLA_PARAM_FLOAT) return pack_float(p, index, count, (double)a->i, what, dst);
-    return pack_int(p, index, count, a->i, what, dst);
+    if (p->kind == MLA_PARAM_BYTES) return ARG_ERR("got %s; pass a %lld-byte string", WHAT, (long long)p->size);
+    if (p->kind == MLA_PARAM_FLOAT) return pack_float(p, index, count, (double)a->i, a, dst);
+    return pack_int(p, index, count, a->i, a, dst);
   case MLA_ARG_FLOAT:
-    if (p->kind == MLA_PARAM_BYTES) return ARG_ERR("got %s; pass a %lld-byte string", what, (long long)p->size);
+    if (p->kind == MLA_PARAM_BYTES) return ARG_ERR("got %s; pass a %lld-byte string", WHAT, (long long)p->size);
     if (p->kind == MLA_PARAM_FLOAT || (p->kind == MLA_PARAM_ANY && (p->size == 4 || p->size == 8)))
-      return pack_float(p, index, count, a->f, what, dst);
+      return pack_float(p, index, count, a->f, a, dst);
     /* an integer parameter takes a number only when it holds an exact integer */
     if (!(a->f == floor(a->f)) || fabs(a->f) >= 9223372036854775808.0)
-      return ARG_ERR("got %s, which is not an integer", what);
-    return pack_int(p, index, count, (int64_t)a->f, what, dst);
+      return ARG_ERR("got %s, which is not an integer", WHAT);
+    return pack_int(p, index, count, (int64_t)a->f, a, dst);
   default: return ARG_ERR("got an unsupported value%s", "");
   }
 }
