@@ -24,14 +24,15 @@
 namespace mla_attn {
 
 template <int MR> struct shape {
-  static constexpr int NW = MR == 64 ? 8 : 4;            // warps
+  static constexpr int NW = 8;                           // warps: enough to hide latencies at 1-2 CTAs per SM
   static constexpr int NT = NW * 32;
-  static constexpr int SWN = MR * BN / (16 * NW);        // S columns per warp: 8 or 16
+  static constexpr int SWN = MR == 64 ? 16 : 8;          // S columns per warp
   static constexpr int SCG = BN / SWN;                   // S column groups
+  static constexpr int SW = (MR / 16) * SCG;             // warps computing S (the others wait for P)
   static constexpr int MT = MR / 16;                     // 16-row m-tiles in P V
   static constexpr int DVW = DV / NW;                    // output dims per warp in P V
   static constexpr int NTV = DVW / 8;                    // 8-dim n-tiles per warp
-  static_assert((MR / 16) * SCG == NW, "every warp owns one 16-row S tile");
+  static_assert(SW <= NW && SCG <= 4, "one 16-row S tile per S warp, at most 4 column groups");
 };
 
 // Page and in-page offset of key n of tile `tile`; page -1 when there is no key
@@ -267,14 +268,16 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
       Kt = Kb;
     }
 
-    // S = Q K^T for rows srg*16.., keys scg*SWN..
+    // S = Q K^T for rows srg*16.., keys scg*SWN.. (S warps only)
     // two accumulator sets (even and odd k-steps) halve the dependent mma chain
+    const bool s_warp = warp < S::SW;
+    const int rA = srg * 16 + g, rB = rA + 8;
     float sacc[S::SWN / 8][4], sodd[S::SWN / 8][4];
 #pragma unroll
     for (int j = 0; j < S::SWN / 8; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) sacc[j][e] = sodd[j][e] = 0.f;
-    {
+    if (s_warp) {
       const uint32_t qa = mla::smem_addr(Qs + (srg * 16 + (lane & 15)) * KP + (lane >> 4) * 8);
       uint32_t ka;
       if constexpr (S::SWN == 16) ka = mla::smem_addr(Kt + ((scg * 16 + (lane & 7) + (lane >> 4) * 8) * KP + ((lane >> 3) & 1) * 8) * 2);
@@ -304,6 +307,7 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
         for (int e = 0; e < 4; e++) sacc[j][e] += sodd[j][e];
     }
     // mask, scale, tile row maxima
+    if (s_warp) {
     const int *pg = tok_page + st * BN;
     float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
 #pragma unroll
@@ -317,11 +321,12 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
         mx[e >> 1] = fmaxf(mx[e >> 1], s);
       }
     mx[0] = quad_max(mx[0]), mx[1] = quad_max(mx[1]);
-    const int rA = srg * 16 + g, rB = rA + 8;
     if (t4 == 0) red_max[scg * MR + rA] = mx[0], red_max[scg * MR + rB] = mx[1];
+    }
     __syncthreads();
 
     // online softmax: new maxima, P = 2^(s - m) in bf16, partial row sums
+    if (s_warp) {
     const float *m_prev = m_run + ((u + 1) & 1) * MR;
     float *m_cur = m_run + (u & 1) * MR;
     float mnew[2], base[2], ps[2] = {0.f, 0.f};
@@ -355,6 +360,7 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
           alpha_s[row] = mo == -CUDART_INF_F ? 0.f : exp2f(mo - mnew[hh]);
         }
       }
+    }
     }
     __syncthreads();
 

@@ -15,9 +15,22 @@
 
 namespace mla {
 
+/* How a chunk is rebuilt: the common cases get straight-line code, the
+ * rest the generic path (any dtype, scale dtype and alignment). */
+enum chunk_kind : int16_t {
+  CHUNK_GENERIC = 0,
+  CHUNK_ZERO,       /* no field stores these dims */
+  CHUNK_COPY,       /* bf16 without scale, 16-byte aligned: the bits themselves */
+  CHUNK_FP8_ONE,    /* e4m3, 8-byte aligned, no scale */
+  CHUNK_FP8_TENSOR, /* e4m3 x the per-tensor scale */
+  CHUNK_FP8_F32,    /* e4m3 x an f32 group scale (4-byte aligned) */
+  CHUNK_FP8_UE8M0,  /* e4m3 x a ue8m0 group scale byte */
+};
+
 struct chunk_plan {
   int32_t src;         /* byte offset of the 8 values in the stage row; -1: no field stores them (zeros) */
-  int32_t dtype;       /* stored element type */
+  int16_t kind;        /* chunk_kind */
+  int16_t dtype;       /* stored element type */
   int32_t scale_src;   /* group: byte offset of the scale; -1 none; -2 the per-tensor scale */
   int32_t scale_dtype; /* group scales */
 };
@@ -26,7 +39,7 @@ struct chunk_plan {
 __device__ __forceinline__ chunk_plan make_chunk_plan(const mla_layout_desc &d, const int (&stage_off)[MLA_LAYOUT_MAX_REGIONS],
                                                       int d0) {
   chunk_plan c;
-  c.src = -1, c.dtype = MLA_BF16, c.scale_src = -1, c.scale_dtype = MLA_F32;
+  c.src = -1, c.kind = CHUNK_ZERO, c.dtype = MLA_BF16, c.scale_src = -1, c.scale_dtype = MLA_F32;
   int f = field_of(d, d0);
   if (f < 0) return c;
   const mla_layout_field &fd = d.fields[f];
@@ -39,7 +52,30 @@ __device__ __forceinline__ chunk_plan make_chunk_plan(const mla_layout_desc &d, 
     c.scale_src = stage_off[fd.scale_region] + fd.scale_off + (e / fd.group) * mla_scale_size(fd.scale_dtype);
     c.scale_dtype = fd.scale_dtype;
   }
+  /* stage rows start 16-byte aligned, so offsets decide alignment */
+  c.kind = CHUNK_GENERIC;
+  if (c.dtype == MLA_BF16 && c.scale_src == -1 && c.src % 16 == 0) c.kind = CHUNK_COPY;
+  else if (c.dtype == MLA_E4M3 && c.src % 8 == 0) {
+    if (c.scale_src == -1) c.kind = CHUNK_FP8_ONE;
+    else if (c.scale_src == -2) c.kind = CHUNK_FP8_TENSOR;
+    else if (c.scale_dtype == MLA_F32 && c.scale_src % 4 == 0) c.kind = CHUNK_FP8_F32;
+    else if (c.scale_dtype == MLA_UE8M0) c.kind = CHUNK_FP8_UE8M0;
+  }
   return c;
+}
+
+/* 8 e4m3 codes times s, each product rounded once to bf16: packed fp8x2 ->
+ * f16x2 conversions (exact), fp32 multiplies, packed bf16 conversions. */
+__device__ __forceinline__ uint4 e4m3x8_scaled_bf16(uint2 raw, float s) {
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const uint32_t w = i < 2 ? raw.x : raw.y;
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((i & 1) ? w >> 16 : w & 0xffffu), __NV_E4M3);
+    const float2 f = __half22float2(*reinterpret_cast<__half2 *>(&h));
+    o[i] = pack_bf16x2(__fmul_rn(f.x, s), __fmul_rn(f.y, s));
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
 }
 
 /* N bytes of shared memory into registers; vector loads when aligned (fields
@@ -62,8 +98,25 @@ __device__ __forceinline__ uint32_t smem_scale_bits(const unsigned char *p, int 
   return v;
 }
 
+/* Any chunk the fast kinds do not cover. */
+static __device__ __noinline__ uint4 dequant_chunk_generic(const chunk_plan c, const unsigned char *row, float tensor_scale);
+
 /* 8 dims of the staged row `row` as 8 bf16 (a uint4), per the plan. */
 __device__ __forceinline__ uint4 dequant_chunk_bf16(const chunk_plan &c, const unsigned char *row, float tensor_scale) {
+  switch (c.kind) {
+  case CHUNK_ZERO: return make_uint4(0, 0, 0, 0);
+  case CHUNK_COPY: return *reinterpret_cast<const uint4 *>(row + c.src);
+  case CHUNK_FP8_ONE: return e4m3x8_scaled_bf16(*reinterpret_cast<const uint2 *>(row + c.src), 1.0f);
+  case CHUNK_FP8_TENSOR: return e4m3x8_scaled_bf16(*reinterpret_cast<const uint2 *>(row + c.src), tensor_scale);
+  case CHUNK_FP8_F32:
+    return e4m3x8_scaled_bf16(*reinterpret_cast<const uint2 *>(row + c.src), *reinterpret_cast<const float *>(row + c.scale_src));
+  case CHUNK_FP8_UE8M0:
+    return e4m3x8_scaled_bf16(*reinterpret_cast<const uint2 *>(row + c.src), mla_decode_scale(MLA_UE8M0, row[c.scale_src]));
+  default: return dequant_chunk_generic(c, row, tensor_scale);
+  }
+}
+
+static __device__ __noinline__ uint4 dequant_chunk_generic(const chunk_plan c, const unsigned char *row, float tensor_scale) {
   uint4 out;
   if (c.src < 0) return make_uint4(0, 0, 0, 0);
   const unsigned char *p = row + c.src;
