@@ -34,7 +34,7 @@ local function set_of(list, what, name)
 end
 
 --- backend.register{name=, phases={"prefill","decode"}, reads={"fp8_ds_mla"}, input="paged"|"flat_bf16",
---   sparse=true|false, run=function(ctx) ... end, doc="...", models="upstream kernel it models",
+--   sparse=true|false, run=function(ctx) -> out, lse (see backend.attend), doc="...", models="upstream kernel it models",
 --   supports=function(problem) -> true | false, reason (optional: h_q, topk, page size limits)}
 function backend.register(b)
   if type(b) ~= "table" then error("backend.register: a table is expected", 2) end
@@ -138,6 +138,7 @@ function backend.topk_transform(b, conversion)
   return "PAGED"
 end
 
+-- Why a phase cannot read the stored layout: { phase, backend, short, message }.
 local function why_not(stored, b, phase, allow)
   local reads = table.concat(b.read_list, ", ")
   local hints = {}
@@ -152,10 +153,12 @@ local function why_not(stored, b, phase, allow)
       hints[#hints + 1] = string.format("allow = {'%s'} (%s)", c.name, c.doc)
     end
   end
-  return string.format("%s backend '%s' reads %s, and no conversion from the stored layout %s exists (%s); "
+  local msg = string.format("%s backend '%s' reads %s, and no conversion from the stored layout %s exists (%s); "
     .. "to make it work: %s", phase, b.name, reads, stored,
     stored == "fp8_ds_mla" and "per-128 scales cannot become one tensor scale losslessly" or "none is defined",
     table.concat(hints, ", or "))
+  return { phase = phase, backend = b.name, stored = stored, hints = hints, message = msg,
+    short = string.format("%s %s reads %s, not %s", phase, b.name, table.concat(b.read_list, "|"), stored) }
 end
 
 local Pair = {}
@@ -169,14 +172,24 @@ Pair.__index = Pair
 -- backend reads natively for that dtype (decode runs every step; a
 -- conversion belongs on the prefill side).
 function backend.pair(o)
-  if type(o) ~= "table" then error("pair: {prefill=, decode=, store= | kv_dtype=} expected", 2) end
-  local pre = backend.get(o.prefill or error("pair: prefill backend missing", 2))
-  local dec = backend.get(o.decode or error("pair: decode backend missing", 2))
-  if not pre.phases.prefill then error(string.format("pair: '%s' is not a prefill backend", pre.name), 2) end
-  if not dec.phases.decode then error(string.format("pair: '%s' is not a decode backend", dec.name), 2) end
+  local p, refusal = backend.resolve(o, 3)
+  if not p then error("pair: " .. refusal.message, 2) end
+  return p
+end
+
+--- backend.resolve(o): as backend.pair, but a pair no conversion can make
+-- work returns nil and the refusal { phase, backend, stored, short, message,
+-- hints } instead of raising (malformed arguments still raise).
+function backend.resolve(o, level)
+  level = level or 2
+  if type(o) ~= "table" then error("pair: {prefill=, decode=, store= | kv_dtype=} expected", level) end
+  local pre = backend.get(o.prefill or error("pair: prefill backend missing", level))
+  local dec = backend.get(o.decode or error("pair: decode backend missing", level))
+  if not pre.phases.prefill then error(string.format("pair: '%s' is not a prefill backend", pre.name), level) end
+  if not dec.phases.decode then error(string.format("pair: '%s' is not a decode backend", dec.name), level) end
   local stored = o.store
   if not stored then
-    local kv = o.kv_dtype or error("pair: give store=<layout name> or kv_dtype='bf16'|'fp8'", 2)
+    local kv = o.kv_dtype or error("pair: give store=<layout name> or kv_dtype='bf16'|'fp8'", level)
     if kv == "bf16" or kv == "auto" then
       stored = "bf16"
     elseif kv == "fp8" then
@@ -185,14 +198,14 @@ function backend.pair(o)
       end
       if not stored then
         error(string.format("pair: kv_dtype fp8 with decode backend '%s', which reads no fp8 layout (%s)", dec.name,
-          table.concat(dec.read_list, ", ")), 2)
+          table.concat(dec.read_list, ", ")), level)
       end
     else
-      error(string.format("pair: unknown kv_dtype '%s' (bf16 or fp8; or name the layout with store=)", tostring(kv)), 2)
+      error(string.format("pair: unknown kv_dtype '%s' (bf16 or fp8; or name the layout with store=)", tostring(kv)), level)
     end
   end
   local layout = require "mlalab.layout"
-  if not pcall(layout.get, stored) then error(string.format("pair: unknown stored layout '%s'", tostring(stored)), 2) end
+  if not pcall(layout.get, stored) then error(string.format("pair: unknown stored layout '%s'", tostring(stored)), level) end
   local bs = o.block_size or 64
   local allow = {}
   for _, n in ipairs(o.allow or {}) do allow[n] = true end
@@ -200,7 +213,7 @@ function backend.pair(o)
   for _, ph in ipairs { { "prefill", pre }, { "decode", dec } } do
     local phase, b = ph[1], ph[2]
     local conv = find_conversion(stored, b, allow)
-    if conv == false then error("pair: " .. why_not(stored, b, phase, allow), 2) end
+    if conv == false then return nil, why_not(stored, b, phase, allow) end
     local reads = conv and conv.to or stored
     p[phase] = {
       backend = b, conversion = conv, reads = reads, flat = conv and conv.flat or false,
@@ -240,27 +253,43 @@ function Pair:describe()
 end
 Pair.__tostring = Pair.describe
 
+--- pair:run{...}: runs both phases end to end against the CPU reference
+-- (mlalab.pair_run); -> a result with ok, phases.prefill / phases.decode.
+function Pair:run(o) return require("mlalab.pair_run").run(self, o) end
+
+--- The run of every built-in: one attention call over the cache table the
+-- phase reads (ctx.cache), sparse through ctx.indices or dense through
+-- ctx.block_table and ctx.cache_lens, with mla.attention.decode (baked on a
+-- GPU, the CPU reference on the CPU, or ctx.impl). -> out, lse.
+-- ctx: q, cache, indices | block_table + cache_lens, impl, check, out, lse, scale.
+function backend.attend(ctx)
+  local a = { q = ctx.q, cache = ctx.cache, impl = ctx.impl, check = ctx.check, out = ctx.out, lse = ctx.lse,
+    scale = ctx.scale }
+  if ctx.indices then a.indices = ctx.indices else a.block_table, a.cache_lens = ctx.block_table, ctx.cache_lens end
+  return require("mlalab.attention").decode(a)
+end
+
 -- Built-in backend contracts ---------------------------------------------------------
 
 backend.register {
   name = "sparse_prefill_bf16", phases = { "prefill" }, reads = { "bf16" }, input = "flat_bf16", sparse = true,
-  models = "FlashMLA flash_mla_sparse_fwd (sglang flashmla_sparse)",
+  models = "FlashMLA flash_mla_sparse_fwd (sglang flashmla_sparse)", run = backend.attend,
   doc = "sparse prefill over flat bf16 rows [s_kv, 576]; indices are row ids, -1 invalid. On a bf16 pool the rows "
     .. "are the pool's slots (PAGED); on a quantized pool the requests' tokens are dequantized to ragged rows (RAGGED).",
 }
 backend.register {
   name = "sparse_kv_fp8", phases = { "prefill", "decode" }, reads = { "fp8_ds_mla" }, input = "paged", sparse = true,
-  models = "FlashMLA flash_mla_with_kvcache sparse, FP8 656 B (sglang flashmla_kv)",
+  models = "FlashMLA flash_mla_with_kvcache sparse, FP8 656 B (sglang flashmla_kv)", run = backend.attend,
   doc = "sparse attention reading 656 B fp8_ds_mla pages through slot ids (page * page_size + offset).",
 }
 backend.register {
   name = "trtllm_fp8", phases = { "prefill", "decode" }, reads = { "fp8_pertensor", "bf16" }, input = "paged", sparse = true,
-  models = "TensorRT-LLM gen MLA (sglang trtllm), 576 B fp8 with one tensor scale",
+  models = "TensorRT-LLM gen MLA (sglang trtllm), 576 B fp8 with one tensor scale", run = backend.attend,
   doc = "sparse attention reading 576 B per-tensor fp8 (or bf16) pages through slot ids.",
 }
 backend.register {
   name = "dense_bf16", phases = { "prefill", "decode" }, reads = { "bf16" }, input = "paged", sparse = false,
-  models = "a dense paged bf16 MLA kernel (FlashMLA dense decode / fa3)",
+  models = "a dense paged bf16 MLA kernel (FlashMLA dense decode / fa3)", run = backend.attend,
   doc = "dense attention over bf16 pages through a block table and cache lengths.",
 }
 
