@@ -15,7 +15,6 @@
 /* mlalab-rtc
   names = { "kv_gather<int>", "kv_gather<long long>" },
 */
-#include "mla/dtype_ids.h" // the generated header names dtype ids without including them
 #include "mla_layout.h"
 #include "mla/token_access.cuh"
 

@@ -16,7 +16,6 @@
 /* mlalab-rtc
   names = { "kv_write<int>", "kv_write<long long>" },
 */
-#include "mla/dtype_ids.h" // the generated header names dtype ids without including them
 #include "mla_layout.h"
 #include "mla/token_access.cuh"
 

@@ -482,8 +482,7 @@ describe("rtc layout headers", function()
   end
 
   local READER = [[
-#include "mla/dtype_ids.h"
-#include "mla_layout.h"
+#include "mla_layout.h" // self-contained: nothing needs including before it
 static_assert(mla_layout.dim == EXPECT_DIM && MLA_LAYOUT_DIM == EXPECT_DIM, "dim");
 static_assert(mla_layout.k_dims == EXPECT_K && mla_layout.v_dims == EXPECT_V, "k/v dims");
 static_assert(mla_layout.block_size == EXPECT_BS && MLA_LAYOUT_BLOCK_SIZE == EXPECT_BS, "block_size");

@@ -142,8 +142,6 @@ static int l_rtc_prepare(lua_State *L) {
   const char *salt = lua_tostring(L, -1);
   p->opts = string_list(L, 1, "options", &p->nopts);
   p->exprs = string_list(L, 1, "names", &p->nexprs);
-  int nsys = 0;
-  char **sys = string_list(L, 1, "sys_dirs", &nsys);
   if (lua_getfield(L, 1, "headers") == LUA_TTABLE) {
     /* sorted by name so the order NVRTC sees never depends on table traversal */
     lua_pushnil(L);
@@ -161,6 +159,8 @@ static int l_rtc_prepare(lua_State *L) {
         p->deps.files[j] = p->deps.files[j - 1], p->deps.files[j - 1] = t;
       }
   }
+  int nsys = 0;
+  char **sys = string_list(L, 1, "sys_dirs", &nsys); /* read last: nothing below raises before it is freed */
   int rc = mla_rtc_deps_scan(&p->deps, p->src, p->src_len, dir, (const char *const *)p->opts, p->nopts,
                              (const char *const *)sys, nsys);
   for (int i = 0; i < nsys; i++) free(sys[i]);

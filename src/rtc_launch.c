@@ -225,8 +225,18 @@ int mla_rtc_kernel_params(mla_rtc_kernel *k, int dev) {
     ps[n].offset = (int64_t)off, ps[n].size = (int64_t)size, ps[n].kind = MLA_PARAM_ANY, ps[n].align = 1;
     n++;
   }
+  /* a driver that cannot answer (no parameter at all where the PTX has some): the PTX list stands alone */
+  if (n == 0 && k->sig && k->sig[0]) {
+    free(ps);
+    int m = 0;
+    for (const char *c = k->sig; *c; c++) m += *c == ',';
+    ps = malloc(sizeof *ps * (size_t)(m + 1));
+    if (!ps) return mla_err("out of memory");
+    n = mla_rtc_parse_signature(k->sig, ps, m + 1);
+    if (n < 0) { free(ps); return -1; }
+  }
   /* the PTX signature knows int from float: use it when it describes the same list */
-  if (k->sig) {
+  else if (k->sig) {
     mla_rtc_param *sp = malloc(sizeof *sp * (size_t)(n + 1));
     int m = sp ? mla_rtc_parse_signature(k->sig, sp, n + 1) : -1;
     int agree = m == n;
