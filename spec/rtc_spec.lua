@@ -244,7 +244,7 @@ extern "C" __global__ void args_kernel(const float *x, int n, double scale, unsi
   end)
 
   it("packs numbers, booleans, byte strings and tensors at the parameters' offsets and sizes", function()
-    local t = mla.zeros({ 4 })
+    local t = mla.zeros({ 4 }, "f32", "cpu")
     local v = string.pack("<fff", 1, 2, 3)
     local got = mod():check_args("args_kernel", { t, 7, 0.5, true, 1 << 40, v, -3 })
     local want = string.pack("<I8i4xxxxdBxxxxxxxi8", t:data_ptr(), 7, 0.5, 1, 1 << 40) .. v .. string.pack("<i2", -3)
@@ -271,7 +271,7 @@ extern "C" __global__ void args_kernel(const float *x, int n, double scale, unsi
   it("names the parameter given a fraction for an integer or a tensor for a number", function()
     S.assert_error_contains(function() mod():check_args("args_kernel", { 0, 2.5, 0.5, true, 1, ("\0"):rep(12), -3 }) end,
       "parameter 'n': argument 2 of 7 (u32, 4 bytes): got the number 2.5, which is not an integer")
-    S.assert_error_contains(function() mod():check_args("args_kernel", { 0, 7, mla.zeros({ 2 }), true, 1, ("\0"):rep(12), -3 }) end,
+    S.assert_error_contains(function() mod():check_args("args_kernel", { 0, 7, mla.zeros({ 2 }, "f32", "cpu"), true, 1, ("\0"):rep(12), -3 }) end,
       "parameter 'scale': argument 3 of 7 (f64, 8 bytes): got a cpu f32 tensor (an 8-byte device pointer)")
   end)
 
@@ -544,14 +544,14 @@ extern "C" __global__ void read_layout(long long *out) {
 
   it("packs an mla_cache_view with the tensor's strides and checks it against the layout", function()
     local L = mla.layout.get("fp8_ds_mla")
-    local c = mla.cache.new { layout = L, num_blocks = 3, block_size = 16, num_layers = 4, order = "block_major" }
+    local c = mla.cache.new { layout = L, num_blocks = 3, block_size = 16, num_layers = 4, order = "block_major", device = "cpu" }
     local v = c:view(2)
     local bytes = rtc.cache_view(v.pages, L, { block_size = 16, allow_cpu = true })
     local base, page_stride, token_stride, pages, scale = string.unpack("<i8i8i8i8i8", bytes)
     assert.same({ v.pages:data_ptr(), v.pages:stride(0), 656, 3, 0 }, { base, page_stride, token_stride, pages, scale })
     assert.is_true(page_stride > L:page_bytes(16)) -- the cross-layer stride, not block_size x row
     S.assert_error_contains(function() rtc.cache_view(v.pages, L, { block_size = 16 }) end, "pages must be a CUDA tensor")
-    S.assert_error_contains(function() rtc.cache_view(mla.zeros({ 3, 100 }, "u8"), L, { block_size = 16, allow_cpu = true }) end,
+    S.assert_error_contains(function() rtc.cache_view(mla.zeros({ 3, 100 }, "u8", "cpu"), L, { block_size = 16, allow_cpu = true }) end,
       "cache_view: ")
   end)
 end)
@@ -606,8 +606,8 @@ describe("JIT kernels on the GPU #gpu", function()
         local n = math.random(1, nb * bs)
         local p, sl = perm(nb * bs), {}
         for i = 1, n do sl[i] = (i % 5 == 2) and -1 or p[i] end
-        local rows = mla.randn({ n, L.dim }, { std = ({ 1, 40 })[seed] }):to("bf16")
-        K.write(cpu, mla.tensor(sl, "i64"), rows) -- the CPU reference (src/ref)
+        local rows = mla.randn({ n, L.dim }, { std = ({ 1, 40 })[seed], device = "cpu" }):to("bf16")
+        K.write(cpu, mla.tensor(sl, "i64", "cpu"), rows) -- the CPU reference (src/ref)
         local m = rtc.compile { file = "kv_write.cu", layout = L, block_size = bs }
         local view = rtc.cache_view(g.pages, L, { block_size = bs, tensor_scale = g.tensor_scale })
         local bad = mla.zeros({ 1 }, "i64", "cuda")
@@ -628,7 +628,7 @@ describe("JIT kernels on the GPU #gpu", function()
       local cpu = single(L, nb, bs, "cpu", 0.375)
       local all = {}
       for i = 1, nb * bs do all[i] = i - 1 end
-      K.write(cpu, mla.tensor(all, "i64"), mla.randn({ nb * bs, L.dim }, { std = 3 }):to("bf16"))
+      K.write(cpu, mla.tensor(all, "i64", "cpu"), mla.randn({ nb * bs, L.dim }, { std = 3, device = "cpu" }):to("bf16"))
       local c = mla.cache.new { layout = L, num_blocks = nb, block_size = bs, num_layers = 5, order = "block_major",
         device = "cuda", tensor_scale = 0.375 }
       c:poison(2, "random")
@@ -641,7 +641,7 @@ describe("JIT kernels on the GPU #gpu", function()
       sl[7] = nb * bs + 3 -- past the cache: skipped and counted
       local sl_ref = {}
       for i = 1, n do sl_ref[i] = sl[i] < nb * bs and sl[i] or -1 end
-      local want = K.gather_sparse(cpu, mla.tensor(sl_ref, "i32"), { out = mla.full({ n, L.dim }, 7, "bf16") })
+      local want = K.gather_sparse(cpu, mla.tensor(sl_ref, "i32", "cpu"), { out = mla.full({ n, L.dim }, 7, "bf16", "cpu") })
       local m = rtc.compile { file = "kv_gather.cu", layout = L, block_size = bs }
       local out = mla.full({ n, L.dim }, 7, "bf16", "cuda")
       local bad = mla.zeros({ 1 }, "i64", "cuda")
@@ -665,7 +665,7 @@ describe("JIT kernels on the GPU #gpu", function()
     S.assert_error_contains(function() k:launch { grid = 1, block = 128, args = { 0 } } end,
       "expects 7 arguments (view, slots, n, out, out_stride, ncols, bad), got 1")
     S.assert_error_contains(function()
-      k:launch { grid = 1, block = 128, args = { ("\0"):rep(40), mla.zeros({ 2 }, "i64"), 0, 0, 0, 0, 0 } }
+      k:launch { grid = 1, block = 128, args = { ("\0"):rep(40), mla.zeros({ 2 }, "i64", "cpu"), 0, 0, 0, 0, 0 } }
     end, "is a cpu tensor, but the kernel launches on cuda")
   end)
 

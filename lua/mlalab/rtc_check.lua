@@ -17,6 +17,7 @@
 --   kv_write.cu ...     only these files
 --   layouts=a,b         only these layouts
 --   jobs=N              worker processes (default: the CPU count, at most 8)
+--   dir=PATH            check the kernel files of another directory
 local core = require "mlalab.core"
 local rtc = require "mlalab.rtc"
 
@@ -108,7 +109,18 @@ function M.plan(opts)
     end
   end
   for _, f in ipairs(opts.files or {}) do
-    if not seen[(f:gsub("^kernels_rtc/", ""))] then error("check-kernels: no kernel file " .. f .. " in kernels_rtc/", 0) end
+    if not seen[(f:gsub("^kernels_rtc/", ""))] then
+      error("check-kernels: no kernel file " .. f .. " in " .. (opts.dir or rtc.kernels_dir()), 0)
+    end
+  end
+  if opts.layouts then
+    local known = {}
+    for _, n in ipairs(M.builtin_layouts()) do known[n] = true end
+    for _, n in ipairs(opts.layouts) do
+      if not known[n] then
+        error("check-kernels: no layout '" .. n .. "' (known: " .. table.concat(M.builtin_layouts(), ", ") .. ")", 0)
+      end
+    end
   end
   return jobs, skipped
 end
@@ -246,7 +258,7 @@ function M.report(results)
   for _, row in ipairs(rows) do out[#out + 1] = fmt_row(row, widths) end
   for _, e in ipairs(errors) do
     out[#out + 1] = ""
-    out[#out + 1] = string.format("error: kernels_rtc/%s [%s%s]:", e.rel, e.arch, e.layout and (", layout " .. e.layout) or "")
+    out[#out + 1] = string.format("error: %s [%s%s]:", e.rel, e.arch, e.layout and (", layout " .. e.layout) or "")
     out[#out + 1] = e.error
   end
   return table.concat(out, "\n") .. "\n", #errors
@@ -261,7 +273,8 @@ local function parse_args(...)
       if not o.jobs or o.jobs < 1 then error("check-kernels: jobs=N needs a positive integer, got " .. v, 0) end
     elseif k == "layouts" then o.layouts = split_list(v)
     elseif k == "archs" then o.archs = split_list(v)
-    elseif k then error("check-kernels: unknown option '" .. a .. "' (known: jobs=, layouts=, archs=)", 0)
+    elseif k == "dir" then o.dir = v
+    elseif k then error("check-kernels: unknown option '" .. a .. "' (known: jobs=, layouts=, archs=, dir=)", 0)
     elseif a:match("%.cu$") then o.files = o.files or {}; o.files[#o.files + 1] = a
     elseif a:match("^sm_") or a:match("^%d+[af]?$") then
       o.archs = o.archs or {}
@@ -280,6 +293,10 @@ function M.run(...)
   if not ok then io.stderr:write("mlalab: ", tostring(o), "\n"); return false end
   local ok2, jobs, skipped = pcall(M.plan, o)
   if not ok2 then io.stderr:write("mlalab: ", tostring(jobs), "\n"); return false end
+  if #jobs == 0 then
+    io.stderr:write("mlalab: check-kernels: nothing to compile (no kernel file matches the arguments)\n")
+    return false
+  end
   local t0 = core.rtc_clock_ms()
   local n = math.min(o.jobs or math.min(cpu_count(), 8), #jobs)
   local results = n > 1 and run_parallel(jobs, n) or nil
@@ -289,14 +306,14 @@ function M.run(...)
   end
   local text, nerr = M.report(results)
   io.write(text)
-  for _, s in ipairs(skipped) do io.write(string.format("skipped: kernels_rtc/%s (%s)\n", s.rel, s.why)) end
+  for _, s in ipairs(skipped) do io.write(string.format("skipped: %s (%s)\n", s.rel, s.why)) end
   local nk = 0
   for _, r in ipairs(results) do nk = nk + (r.kernels and #r.kernels or 0) end
   io.write(string.format("%d compile%s (%d kernels) in %.1f s with %d process%s: %s\n", #jobs, #jobs == 1 and "" or "s",
     nk, (core.rtc_clock_ms() - t0) / 1000, math.max(n, 1), n > 1 and "es" or "",
     nerr == 0 and "all compiled" or (nerr .. " FAILED")))
   io.stdout:flush()
-  return nerr == 0 and #jobs > 0
+  return nerr == 0
 end
 
 return M
