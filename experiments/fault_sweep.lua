@@ -25,7 +25,7 @@ end
 -- Runs in the child: everything it needs is required there, by name.
 local function point(p)
   local mla = require "mlalab"
-  local gpu = mla.core.device_count() > 0 and mla.default_device() ~= "cpu"
+  local gpu = mla.core.device_count() > 0 and mla.device() ~= "cpu"
   if not gpu then
     if p.kind == "oob" then error("no GPU: the out-of-bounds kernel is not launched") end
     if p.kind == "spin" then while true do end end
@@ -82,7 +82,7 @@ for _, r in ipairs(res.records) do
     print(string.format("point %d (%s): %s %s %s", r.i, r.kind, r.status, r.kernel or "", r.cuda_error or ""))
   end
 end
-local gpu = mla.core.device_count() > 0 and mla.default_device() ~= "cpu"
+local gpu = mla.core.device_count() > 0 and mla.device() ~= "cpu"
 local expect = gpu and { OK = 8, FAULT = 1, TIMEOUT = 1 } or { OK = 8, ERROR = 1, TIMEOUT = 1 }
 local ok = true
 for k, v in pairs(expect) do ok = ok and counts[k] == v end

@@ -356,6 +356,7 @@ local MLA_LAYOUTS = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", 
 
 for _, impl in ipairs { "baked", "jit" } do
   describe("attention " .. impl .. " vs reference", function()
+    S.on_device("cuda", before_each, after_each)
     it("dense decode on every MLA layout, with a zero-length request #gpu", function()
       local n = 0
       for k, name in ipairs(MLA_LAYOUTS) do
@@ -447,6 +448,7 @@ for _, impl in ipairs { "baked", "jit" } do
 end
 
 describe("attention baked kernels", function()
+  S.on_device("cuda", before_each, after_each)
   it("give the same answer with one split, several, and the automatic count #gpu", function()
     mla.manual_seed(700)
     local case = C.dense { layout = "fp8_ds_mla", b = 2, s_q = 1, h_q = 16, lens = { 2000, 900 } }

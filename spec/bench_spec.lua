@@ -184,6 +184,7 @@ describe("A/B verdicts", function()
 end)
 
 describe("bench on the GPU #gpu", function()
+  S.on_device("cuda", before_each, after_each)
   local N = 64 * 1024 * 1024 -- 64 MiB: ~45 us to copy
   local src, dst
 

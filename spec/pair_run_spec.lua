@@ -176,6 +176,7 @@ end)
 
 for _, impl in ipairs { "baked", "jit" } do
   describe("pairing matrix on the GPU (" .. impl .. ")", function()
+    S.on_device("cuda", before_each, after_each)
     it("every pair passes against the CPU reference or is refused #gpu", function()
       mla.manual_seed(900)
       local _, t = run_matrix({ b = 2, kv_lens = { 700, 301 }, s_q = 4, h_q = 64, topk = 128, block_size = 64 },

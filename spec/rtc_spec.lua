@@ -559,6 +559,7 @@ end)
 -- On the GPU ----------------------------------------------------------------------------------
 
 describe("JIT kernels on the GPU #gpu", function()
+  S.on_device("cuda", before_each, after_each)
   local function assert_bytes(a, b, what)
     local x, y = core.tensor_bytes(a), core.tensor_bytes(b)
     assert(#x == #y, string.format("%s: %d bytes vs %d", what, #x, #y))

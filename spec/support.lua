@@ -21,6 +21,19 @@ function S.assert_error_contains(fn, pattern)
   return err
 end
 
+--- Inside a describe block of #gpu specs: tensors created without a device
+-- go to `dev` (spec/helper.lua makes the CPU the default everywhere else).
+-- busted's hooks live in the spec file's environment, so the file passes them:
+--   S.on_device("cuda", before_each, after_each)
+function S.on_device(dev, before_each, after_each)
+  local prev
+  before_each(function()
+    prev = mla.device()
+    mla.set_device(dev)
+  end)
+  after_each(function() mla.set_device(prev) end)
+end
+
 --- Flattened values of a tensor as a Lua array.
 function S.values(t)
   local flat = t:contiguous():reshape({ t:numel() })
