@@ -188,8 +188,8 @@ end
 
 --- Bytes of an mla_cache_view argument (passed by value) for one layer's pages:
 -- t is u8 [pages, page_bytes] or [pages, block_size, row] (one-region
--- layouts), e.g. cache:view(i).pages; layout: a layout (then opts.block_size),
--- a descriptor table or a packed descriptor. opts.tensor_scale: an f32
+-- layouts), e.g. cache:view(i).pages; layout: a layout or its name (then
+-- opts.block_size), a descriptor table or a packed descriptor. opts.tensor_scale: an f32
 -- tensor of one element on the pages' device, or nil; opts.allow_cpu: accept
 -- a CPU tensor (to inspect the bytes). The view is checked against the
 -- descriptor as every kernel's is (src/l_layout.c); strides come from the
@@ -200,6 +200,11 @@ function M.cache_view(t, layout, opts)
   local packed
   if type(layout) == "string" and layout:find("\0", 1, true) then
     packed = layout
+  elseif type(layout) == "string" then -- a layout name
+    if opts.block_size == nil then error("cache_view: block_size is required with a layout", 2) end
+    local ok, L = pcall(function() return require("mlalab.layout").get(layout) end)
+    if not ok then error("cache_view: " .. tostring(L), 2) end
+    packed = L:packed(opts.block_size)
   elseif (type(layout) == "table" or type(layout) == "userdata") and type(layout.packed) == "function" then
     if opts.block_size == nil then error("cache_view: block_size is required with a layout", 2) end
     packed = layout:packed(opts.block_size)
