@@ -371,11 +371,22 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
       for (int c = 0; c < S::SCG; c++) l += red_sum[c * MR + row];
       l_run[row] = l;
     }
+    {
+      // once the row maxima settle every alpha is 1: skip the rescale (warp-uniform vote)
+      float al[S::MT][2];
+      bool moved = false;
 #pragma unroll
-    for (int mt = 0; mt < S::MT; mt++) {
-      const float a0 = alpha_s[mt * 16 + g], a1 = alpha_s[mt * 16 + g + 8];
+      for (int mt = 0; mt < S::MT; mt++) {
+        al[mt][0] = alpha_s[mt * 16 + g], al[mt][1] = alpha_s[mt * 16 + g + 8];
+        moved |= al[mt][0] != 1.f || al[mt][1] != 1.f;
+      }
+      if (__any_sync(0xffffffffu, moved)) {
 #pragma unroll
-      for (int nt = 0; nt < S::NTV; nt++) o[mt][nt][0] *= a0, o[mt][nt][1] *= a0, o[mt][nt][2] *= a1, o[mt][nt][3] *= a1;
+        for (int mt = 0; mt < S::MT; mt++)
+#pragma unroll
+          for (int nt = 0; nt < S::NTV; nt++)
+            o[mt][nt][0] *= al[mt][0], o[mt][nt][1] *= al[mt][0], o[mt][nt][2] *= al[mt][1], o[mt][nt][3] *= al[mt][1];
+      }
     }
 #pragma unroll
     for (int ks = 0; ks < BN / 16; ks++) {
