@@ -1,14 +1,18 @@
 --- mla.rtc: JIT kernels from kernels_rtc/ (or strings) with NVRTC.
 --
---   local mod = mla.rtc.compile{ file = "examples/dequant_rows.cu", layout = L, block_size = 64 }
---   local k = mod:kernel("dequant_rows<128>")       -- a name expression: instantiated on demand
---   k:launch{ grid = 132, block = 128, args = { view, slots, n, out, ld } }
+--   local L = mla.layout.get("fp8_ds_mla")
+--   local mod = mla.rtc.compile{ file = "kv_gather.cu", layout = L, block_size = 64 }
+--   local k = mod:kernel("kv_gather<long long>")  -- a name expression (new ones are instantiated on demand)
+--   k:launch{ grid = 132, block = 128,
+--             args = { mla.rtc.cache_view(pages, L, { block_size = 64 }), slots, n, out, out:stride(0), 576, 0 } }
 --
--- Every compile always yields a cubin for one real architecture (the current
+-- Every compile yields a cubin for one real architecture (the current
 -- device's, or `arch = "sm_90a"`): compiling needs no GPU. Results are cached
--- by content: an in-process memo, then a disk cache (MLALAB_KERNEL_CACHE;
--- "memory" keeps it in the process). Compile errors are error objects whose
--- message points at kernels_rtc/<file>(line). Modules notice edited sources:
+-- by content: an in-process memo, then a disk cache (MLALAB_KERNEL_CACHE, a
+-- directory; "memory" keeps it in the process). Compile errors are error
+-- objects whose message points at kernels_rtc/<file>(line). Launch arguments
+-- are checked against the kernel's parameter list (errors name the parameter;
+-- mod:check_args does the same without a GPU). Modules notice edited sources:
 -- mod:kernel() recompiles when a file changed, mod:reload() forces the check.
 local core = require "mlalab.core"
 local diag = require "mlalab.rtc_diag"
