@@ -171,22 +171,10 @@ attention("sparse", BAKED)
 
 -- JIT twins ----------------------------------------------------------------------------------
 
-local function launch_rows(mod, name, grid, args) mod:kernel(name):launch { grid = grid, block = 128, args = args } end
-
 for _, name in ipairs(LAYOUTS) do
   if gpu then
-    local mg = mla.rtc.compile { file = "kv_gather.cu", layout = mla.layout.get(name), block_size = BS }
-    equivalence("kv_gather.cu", "jit", name, "read", function(d, cv)
-      local out = mla.zeros({ d.n, d.L.dim }, "bf16", dev)
-      launch_rows(mg, "kv_gather<int>", (d.n + 3) // 4, { mla.rtc.cache_view(cv.pages, d.L, { block_size = BS,
-        tensor_scale = d.ts }), d.slots, d.n, out, d.L.dim, d.L.dim, 0 })
-      return out
-    end)
-    local mw = mla.rtc.compile { file = "kv_write.cu", layout = mla.layout.get(name), block_size = BS }
-    equivalence("kv_write.cu", "jit", name, "write", function(d, cv)
-      launch_rows(mw, "kv_write<int>", (d.n + 3) // 4, { mla.rtc.cache_view(cv.pages, d.L, { block_size = BS,
-        tensor_scale = d.ts }), d.slots, d.n, d.rows, d.L.dim, 0 })
-    end)
+    equivalence("kv_gather.cu", "jit", name, "read", function(d, cv) return mla.kv_jit.gather(cv, d.slots) end)
+    equivalence("kv_write.cu", "jit", name, "write", function(d, cv) mla.kv_jit.write(cv, d.slots, d.rows) end)
   else
     compiled("kv_gather.cu", "kv_gather.cu", name)
     compiled("kv_write.cu", "kv_write.cu", name)
