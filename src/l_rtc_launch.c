@@ -175,7 +175,7 @@ static int read_args(lua_State *L, int idx, mla_rtc_arg *a, int *first_dev, int 
     if (lua_rawgeti(L, idx, i + 1) == LUA_TNIL)
       luaL_error(L, "argument %d of %d is nil (pass 0 for a null pointer)", i + 1, n);
     to_arg(L, -1, i + 1, n, &a[i], &devs[i]);
-    if (devs[i] != -2 && *first_dev == -2) *first_dev = devs[i];
+    if (devs[i] >= 0 && *first_dev == -2) *first_dev = devs[i]; /* the first CUDA tensor picks the device */
     lua_pop(L, 1); /* strings stay alive in the args table */
   }
   return n;
