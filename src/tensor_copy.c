@@ -141,48 +141,87 @@ static int e2m1_whole_bytes(const mla_tensor *t) {
 
 static int copy_impl(mla_tensor *dst, const mla_tensor *src, const mla_cvt_opts *o);
 
+/* A CPU tensor over a host copy of the bytes t's view spans (same sizes and
+ * strides, offset shifted into the copy). Used for e2m1 views the GPU
+ * kernels cannot address (odd nibbles): no GPU kernel is involved, so this
+ * never routes back into copy_via_host. `download` = 0 skips reading the
+ * bytes when the caller overwrites all of them. */
+static int host_mirror(const mla_tensor *t, mla_tensor *h, int64_t *lo_out, int download) {
+  int64_t lo, hi;
+  mla_tensor_byte_range(t, &lo, &hi);
+  *h = *t;
+  h->storage = NULL;
+  if (mla_storage_new(MLA_CPU, hi > lo ? hi - lo : 1, &h->storage)) return -1;
+  h->offset = t->offset - lo * 8 / bits_of(t);
+  *lo_out = lo;
+  if (download && hi > lo &&
+      (mla_device_sync(mla_tensor_device(t)) ||
+       mla_cuda_check(cudaMemcpy(h->storage->data, (char *)t->storage->data + lo, (size_t)(hi - lo), cudaMemcpyDeviceToHost),
+                      "copy to host")))
+    return -1;
+  return 0;
+}
+
+static int host_mirror_upload(const mla_tensor *t, const mla_tensor *h, int64_t lo) {
+  int64_t l, hi;
+  mla_tensor_byte_range(t, &l, &hi);
+  if (hi <= lo) return 0;
+  return mla_cuda_check(cudaMemcpy((char *)t->storage->data + lo, h->storage->data, (size_t)(hi - lo), cudaMemcpyHostToDevice),
+                        "copy to device");
+}
+
+static int byte_dense(const mla_tensor *t) { return mla_tensor_is_contiguous(t) && t->offset * bits_of(t) % 8 == 0; }
+
 /* Run a copy through host memory: correct for every layout, used for
- * cross-device transfers and the rare GPU layouts the kernels do not cover. */
+ * cross-device transfers and the rare GPU layouts the kernels do not cover.
+ * Non-contiguous GPU sides go through a contiguous GPU temporary (one kernel,
+ * only the view's bytes cross PCIe), except e2m1, whose odd-nibble views
+ * only the host can address: those use a mirror of the spanned bytes. */
 static int copy_via_host(mla_tensor *dst, const mla_tensor *src, const mla_cvt_opts *o) {
   int sd = mla_tensor_device(src), dd = mla_tensor_device(dst);
-  mla_tensor hs = {0}, hd = {0}, gs = {0};
+  mla_tensor hs = {0}, hd = {0}, gs = {0}, gd = {0};
+  int64_t lo;
   int rc = -1;
   if (sd != MLA_CPU) {
-    /* src on GPU: contiguous copy on its device, then one transfer */
-    const mla_tensor *cs = src;
-    if (!mla_tensor_is_contiguous(src) || src->offset * bits_of(src) % 8) {
-      if (temp_like(&gs, src, src->dtype, sd) || copy_impl(&gs, src, o)) goto out;
-      cs = &gs;
+    if (src->dtype == MLA_E2M1 && !byte_dense(src)) {
+      if (host_mirror(src, &hs, &lo, 1)) goto out;
+    } else {
+      const mla_tensor *cs = src;
+      if (!byte_dense(src)) { /* GPU kernel to a contiguous temp: same dtype, never via host */
+        if (temp_like(&gs, src, src->dtype, sd) || copy_impl(&gs, src, o)) goto out;
+        cs = &gs;
+      }
+      void *p;
+      if (temp_like(&hs, src, src->dtype, MLA_CPU) || mla_tensor_data(cs, &p) || mla_device_sync(sd) ||
+          mla_cuda_check(cudaMemcpy(hs.storage->data, p, (size_t)hs.storage->nbytes, cudaMemcpyDeviceToHost), "copy to host"))
+        goto out;
     }
-    if (temp_like(&hs, src, src->dtype, MLA_CPU)) goto out;
-    void *p;
-    if (mla_tensor_data(cs, &p) || mla_device_sync(sd) ||
-        mla_cuda_check(cudaMemcpy(hs.storage->data, p, (size_t)hs.storage->nbytes, cudaMemcpyDeviceToHost), "copy to host"))
-      goto out;
     src = &hs;
   }
-  if (dd == MLA_CPU) { rc = copy_impl(dst, src, o); goto out; }
-  /* dst on GPU: convert on the host into a contiguous buffer of dst's dtype, upload, then place */
-  if (temp_like(&hd, dst, dst->dtype, MLA_CPU) || copy_impl(&hd, src, o)) goto out;
-  if (mla_tensor_is_contiguous(dst) && dst->offset * bits_of(dst) % 8 == 0) {
+  if (dd == MLA_CPU) {
+    rc = copy_impl(dst, src, o);
+    goto out;
+  }
+  if (byte_dense(dst)) { /* convert on the host into dst's dtype, one upload */
     void *p;
-    if (mla_tensor_data(dst, &p) || mla_device_sync(dd) ||
+    if (temp_like(&hd, dst, dst->dtype, MLA_CPU) || copy_impl(&hd, src, o) || mla_tensor_data(dst, &p) ||
+        mla_device_sync(dd) ||
         mla_cuda_check(cudaMemcpy(p, hd.storage->data, (size_t)hd.storage->nbytes, cudaMemcpyHostToDevice), "copy to device"))
       goto out;
     rc = 0;
-  } else {
-    mla_tensor gd = {0};
-    if (temp_like(&gd, dst, dst->dtype, dd) || mla_device_sync(dd) ||
-        mla_cuda_check(cudaMemcpy(gd.storage->data, hd.storage->data, (size_t)hd.storage->nbytes, cudaMemcpyHostToDevice),
-                       "copy to device")) {
-      mla_tensor_release(&gd);
+  } else if (dst->dtype == MLA_E2M1) { /* read-modify-write of the spanned bytes */
+    if (host_mirror(dst, &hd, &lo, 1) || copy_impl(&hd, src, o) || host_mirror_upload(dst, &hd, lo)) goto out;
+    rc = 0;
+  } else { /* upload contiguous, then a same-dtype GPU kernel places it */
+    void *p;
+    if (temp_like(&hd, dst, dst->dtype, MLA_CPU) || copy_impl(&hd, src, o) || temp_like(&gd, dst, dst->dtype, dd) ||
+        mla_tensor_data(&gd, &p) || mla_device_sync(dd) ||
+        mla_cuda_check(cudaMemcpy(p, hd.storage->data, (size_t)hd.storage->nbytes, cudaMemcpyHostToDevice), "copy to device"))
       goto out;
-    }
     rc = copy_impl(dst, &gd, o);
-    mla_tensor_release(&gd);
   }
 out:
-  mla_tensor_release(&hs), mla_tensor_release(&hd), mla_tensor_release(&gs);
+  mla_tensor_release(&hs), mla_tensor_release(&hd), mla_tensor_release(&gs), mla_tensor_release(&gd);
   return rc;
 }
 
