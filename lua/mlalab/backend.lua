@@ -16,6 +16,11 @@
 -- conversion), never of the other phase's choice: the two bugs that
 -- cancelled each other in sglang #21011 came from decode consulting the
 -- prefill setting.
+--
+-- Running: each built-in's `run` is one attention call (backend.attend) on
+-- what its phase reads; pair:run{...} executes both phases end to end against
+-- the CPU reference (mlalab.pair_run, on a mlalab.pair_scenario, with the
+-- conversions of mlalab.pair_convert).
 local backend = {}
 
 local registry, order = {}, {}
