@@ -160,6 +160,14 @@ static void release_cached(int dev) {
   devs[dev].free_list = NULL;
 }
 
+static mla_reclaim_fn reclaim_fn;
+static void *reclaim_ud;
+
+void mla_device_set_reclaim(mla_reclaim_fn fn, void *ud) {
+  reclaim_fn = fn;
+  reclaim_ud = ud;
+}
+
 int mla_device_alloc(int dev, int64_t nbytes, void **out) {
   if (mla_device_use(dev)) return -1;
   int64_t size = round_size(nbytes);
@@ -181,6 +189,14 @@ int mla_device_alloc(int dev, int64_t nbytes, void **out) {
   cudaError_t e = cudaMalloc(&p, (size_t)size);
   if (e == cudaErrorMemoryAllocation) {
     cudaGetLastError();
+    release_cached(dev);
+    e = cudaMalloc(&p, (size_t)size);
+  }
+  if (e == cudaErrorMemoryAllocation && reclaim_fn) {
+    /* unreachable tensors may still hold memory the garbage collector has not
+     * seen as pressure: collect them, give their blocks back, try once more */
+    cudaGetLastError();
+    reclaim_fn(reclaim_ud);
     release_cached(dev);
     e = cudaMalloc(&p, (size_t)size);
   }

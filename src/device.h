@@ -44,6 +44,11 @@ void mla_device_sync_all(void);
 /* Caching allocator: freeing returns memory to a per-device cache and never
  * synchronizes, so it is safe inside timed regions. */
 int mla_device_alloc(int dev, int64_t nbytes, void **out);
+/* Called once when an allocation fails even after the cache was emptied
+ * (the Lua binding runs a full garbage collection: dead tensors free their
+ * blocks), before the last retry. */
+typedef void (*mla_reclaim_fn)(void *ud);
+void mla_device_set_reclaim(mla_reclaim_fn fn, void *ud);
 void mla_device_free(int dev, void *p, int64_t nbytes);
 void mla_device_empty_cache(int dev);
 typedef struct mla_alloc_stats { int64_t in_use, cached, peak, n_malloc, n_hits; } mla_alloc_stats;

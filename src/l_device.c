@@ -169,7 +169,14 @@ static int l_poisoned(lua_State *L) {
 
 void mla_set_requested_device(const char *name) { requested_name = name; }
 
+static void collect_garbage(void *ud) { lua_gc((lua_State *)ud, LUA_GCCOLLECT); }
+
 MLA_LUA_MODULE(device) {
+  lua_State *main_state;
+  lua_rawgeti(L, LUA_REGISTRYINDEX, LUA_RIDX_MAINTHREAD);
+  main_state = lua_tothread(L, -1);
+  lua_pop(L, 1);
+  mla_device_set_reclaim(collect_garbage, main_state);
   static const luaL_Reg fns[] = {
     {"set_default_device", l_set_default_device}, {"default_device", l_default_device},
     {"device_count", l_device_count},             {"device_status", l_device_status},
