@@ -3,8 +3,9 @@
 -- cudaMemcpy bandwidth and cuBLAS GEMM rate measured in the same run, and
 -- streams every point to JSON lines (resumable).
 --
---   mlalab experiments/decode_sweep.lua [--out DIR] [--quick] [--impl baked|jit|ref] [--resume]
+--   mlalab experiments/decode_sweep.lua [--out DIR] [--quick | --small] [--impl baked|jit|ref] [--resume]
 --
+-- --small: b = 128, h_q 16 and 128, context 8192, top-k 2048 (16 points, about a minute on an H100).
 -- On a CPU-only machine --impl ref with --quick runs the same grid on tiny
 -- sizes (the reference; timings are CPU wall times).
 local mla = require "mlalab"
@@ -17,6 +18,7 @@ do
     local k = a[i]
     if k == "--out" then args.out, i = a[i + 1], i + 1
     elseif k == "--quick" then args.quick = true
+    elseif k == "--small" then args.small = true
     elseif k == "--resume" then args.resume = true
     elseif k == "--impl" then args.impl, i = a[i + 1], i + 1
     else error("decode_sweep: unknown argument " .. tostring(k)) end
@@ -24,10 +26,10 @@ do
   end
 end
 
-local dense_lens = args.quick and { 256, 1024 } or { 4096, 8192, 16384, 32768 }
+local dense_lens = args.quick and { 256, 1024 } or args.small and { 8192 } or { 4096, 8192, 16384, 32768 }
 local topks = args.quick and { 128 } or { 2048 }
-local batches = args.quick and { 2 } or { 32, 128 }
-local heads = args.quick and { 16, 64 } or { 16, 64, 128 }
+local batches = args.quick and { 2 } or args.small and { 128 } or { 32, 128 }
+local heads = args.quick and { 16, 64 } or args.small and { 16, 128 } or { 16, 64, 128 }
 local layouts = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_v4" }
 
 local points = {}
@@ -45,7 +47,7 @@ for _, L in ipairs(layouts) do
   end
 end
 
-local bench_opts = args.quick and { max_time = 0.5, min_time = 0.05 } or { max_time = 3 }
+local bench_opts = args.quick and { max_time = 0.5, min_time = 0.05 } or args.small and { max_time = 1 } or { max_time = 3 }
 if mla.has_cuda() then
   local B = mla.bench_mod
   print(string.format("cudaMemcpy D2D %.0f GB/s, cuBLAS bf16 GEMM %.0f TFLOPS (same run)", B.memcpy_bandwidth(),
