@@ -184,16 +184,6 @@ function M.decode(o)
   return a.out, a.lse
 end
 
---- FLOPs and bytes of one decode call, counted as testing-and-timing.md §8
--- does: QK^T and PV over the attended keys; q, the cache rows read (at the
--- layout's bytes per token) and the bf16 output. keys: total attended
--- (row-independent) keys, i.e. sum of cache lengths (dense) or valid
--- indices (sparse); token_bytes: bytes per cached token.
-function M.cost(t)
-  local rows_per_key = t.sparse and t.h_q or t.h_q * t.s_q
-  local flops = 2 * rows_per_key * t.keys * (t.d_qk + t.d_v)
-  local bytes = 2 * t.b * t.s_q * t.h_q * t.d_qk + t.unique_keys * t.token_bytes + 2 * t.b * t.s_q * t.h_q * t.d_v
-  return flops, bytes
-end
+-- FLOPs and bytes of a call: mlalab.attention_bench (cost).
 
 return M
