@@ -209,7 +209,15 @@ int mla_rtc_kernel_params(mla_rtc_kernel *k, int dev) {
   int cap = 16, n = 0;
   mla_rtc_param *ps = malloc(sizeof *ps * (size_t)cap);
   if (!ps) return mla_err("out of memory");
-  for (;;) {
+  /* With the PTX list known, ask the driver about exactly that many
+   * parameters: probing past the last one is an API error that
+   * compute-sanitizer (rightly) reports. Without it, probe to the end. */
+  int limit = -1;
+  if (k->sig) {
+    limit = k->sig[0] ? 1 : 0;
+    for (const char *c = k->sig; *c; c++) limit += *c == ',';
+  }
+  for (; limit < 0 || n < limit;) {
     size_t off = 0, size = 0;
     if (cudaFuncGetParamInfo((const void *)k->handle, (size_t)n, &off, &size) != cudaSuccess) {
       cudaGetLastError(); /* past the last parameter: that is the count */
