@@ -122,6 +122,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   if (!p.identity && pitch * BN > (int64_t)props.max_smem_optin)
     return mla_err("token rows of %lld bytes (all regions) do not fit a %d-key tile in shared memory (%d bytes); "
                    "use impl='jit' or 'ref'", (long long)pitch, BN, props.max_smem_optin);
+  if (!p.identity && mr == 16) pitch += (32 - pitch % 128 + 128) % 128; // fused path: see attn_decode_params.cuh
   p.stage_pitch = (int)pitch;
 
   // Pipeline depth: two CTAs per SM for the small row counts (memory-bound

@@ -148,6 +148,9 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
   int *tok_page = reinterpret_cast<int *>(smem + L.tok_page);
   int *tok_off = reinterpret_cast<int *>(smem + L.tok_off);
   const int stage_bytes = p.identity ? BN * KP * 2 : BN * p.stage_pitch;
+  const bool fused = fused_path<MR>(p.identity);
+  const int QP = q_pitch<MR, DQK>(p.identity);
+  float *s_part = reinterpret_cast<float *>(smem + L.s_part);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   // chunks of one problem are adjacent in x, so they meet its K tiles in L2
@@ -211,7 +214,7 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
                          e[6] | (uint32_t)e[7] << 16);
       }
     }
-    *reinterpret_cast<uint4 *>(Qs + row * KP + c * 8) = val;
+    *reinterpret_cast<uint4 *>(Qs + row * QP + c * 8) = val;
   }
   for (int row = tid; row < MR; row += NT) {
     m_run[row] = m_run[MR + row] = -CUDART_INF_F;
@@ -256,7 +259,53 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
       mla::cp_async_commit();
     }
     const unsigned char *Kt = stages + st * stage_bytes;
-    if (!p.identity) {
+    const bool s_warp = warp < S::SW;
+    const int rA = srg * 16 + g, rB = rA + 8;
+    float sacc[S::SWN / 8][4], sodd[S::SWN / 8][4];
+#pragma unroll
+    for (int j = 0; j < S::SWN / 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) sacc[j][e] = sodd[j][e] = 0.f;
+    if constexpr (MR == 16) {
+      if (fused) {
+        // Warp (tg, half): tokens tg*8.., dims half*DQK/2... Lane (g, t4) rebuilds chunk
+        // c = half*DQK/16 + 4j + t4 of token g: 8 dims that serve as the B fragments
+        // of two k-steps (the sum over dims runs in a permuted order, the same for
+        // Q, whose lane-held 8 dims of rows g and g+8 form the matching A fragments).
+        static_assert(S::NW == 8 && S::SCG == 4 && S::SWN == 8, "fused path: 4 token groups x 2 dim halves");
+        const int tg = warp & 3, half = warp >> 2, n = tg * 8 + g;
+        const unsigned char *raw = Kt + n * p.stage_pitch;
+        const uint16_t *q0 = Qs + g * QP + half * (DQK / 2) + 8 * t4, *q1 = q0 + 8 * QP;
+        unsigned char *kdst = Kb + n * KP * 2;
+        const int c0 = half * (DQK / 16) + t4;
+#pragma unroll 4
+        for (int j = 0; j < DQK / 64; j++) {
+          const int c = c0 + 4 * j;
+          const uint4 kv = mla::dequant_chunk_bf16(plan[c], raw, tscale);
+          if (c < DV / 8) *reinterpret_cast<uint4 *>(kdst + c * 16) = kv; // V dims, for P V
+          const uint4 qa = *reinterpret_cast<const uint4 *>(q0 + 32 * j), qb = *reinterpret_cast<const uint4 *>(q1 + 32 * j);
+          const uint32_t a0[4] = {qa.x, qb.x, qa.y, qb.y}, a1[4] = {qa.z, qb.z, qa.w, qb.w};
+          mla::mma_bf16_16816(sacc[0], a0, kv.x, kv.y);
+          mla::mma_bf16_16816(sodd[0], a1, kv.z, kv.w);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) sacc[0][e] += sodd[0][e];
+        if (half) {
+          const int col = tg * 8 + 2 * t4;
+          *reinterpret_cast<float2 *>(s_part + g * BN + col) = make_float2(sacc[0][0], sacc[0][1]);
+          *reinterpret_cast<float2 *>(s_part + (g + 8) * BN + col) = make_float2(sacc[0][2], sacc[0][3]);
+        }
+        __syncthreads();
+        if (s_warp) {
+          const int col = tg * 8 + 2 * t4;
+          const float2 x = *reinterpret_cast<const float2 *>(s_part + g * BN + col);
+          const float2 y = *reinterpret_cast<const float2 *>(s_part + (g + 8) * BN + col);
+          sacc[0][0] += x.x, sacc[0][1] += x.y, sacc[0][2] += y.x, sacc[0][3] += y.y;
+        }
+        Kt = Kb;
+      }
+    }
+    if (!p.identity && !fused) {
       const unsigned char *raw = Kt;
       static_assert(BN * NCH % NT == 0, "whole dequant rounds");
 #pragma unroll 3
@@ -270,15 +319,8 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
 
     // S = Q K^T for rows srg*16.., keys scg*SWN.. (S warps only)
     // two accumulator sets (even and odd k-steps) halve the dependent mma chain
-    const bool s_warp = warp < S::SW;
-    const int rA = srg * 16 + g, rB = rA + 8;
-    float sacc[S::SWN / 8][4], sodd[S::SWN / 8][4];
-#pragma unroll
-    for (int j = 0; j < S::SWN / 8; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) sacc[j][e] = sodd[j][e] = 0.f;
-    if (s_warp) {
-      const uint32_t qa = mla::smem_addr(Qs + (srg * 16 + (lane & 15)) * KP + (lane >> 4) * 8);
+    if (s_warp && !fused) {
+      const uint32_t qa = mla::smem_addr(Qs + (srg * 16 + (lane & 15)) * QP + (lane >> 4) * 8);
       uint32_t ka;
       if constexpr (S::SWN == 16) ka = mla::smem_addr(Kt + ((scg * 16 + (lane & 7) + (lane >> 4) * 8) * KP + ((lane >> 3) & 1) * 8) * 2);
       else ka = mla::smem_addr(Kt + ((scg * 8 + (lane & 7)) * KP + ((lane >> 3) & 1) * 8) * 2);

@@ -58,8 +58,21 @@ cudaError_t launch_combine(const combine_params &c, cudaStream_t s);
 
 // Byte offsets of the shared-memory buffers of one CTA.
 struct smem_plan {
-  int q, p, stages, kb, plan, red_max, red_sum, m_run, alpha, l_run, tok_page, tok_off, total;
+  int q, p, stages, kb, plan, red_max, red_sum, m_run, alpha, l_run, tok_page, tok_off, s_part, total;
 };
+
+// The fused path (16 rows per CTA, staged raw bytes): each of the 8 warps
+// dequantizes 8 tokens x half of the dims straight into mma B fragments
+// (S = Q K^T split over the two dim halves, partial sums meeting in shared
+// memory) and writes the bf16 V dims to the K tile for P V. Q rows are then
+// read 16 B per lane, so their pitch is 64 bytes past a multiple of 128 (no
+// bank conflict); staged rows are padded to 32 past a multiple of 128
+// (attn_decode.cu), so 8-byte fp8 chunk reads of 4 tokens x 4 lanes spread
+// over all banks.
+template <int MR> __host__ __device__ constexpr bool fused_path(int identity) { return MR == 16 && !identity; }
+template <int MR, int DQK> __host__ __device__ constexpr int q_pitch(int identity) {
+  return fused_path<MR>(identity) ? DQK + 32 : DQK + 8;
+}
 
 template <int MR, int DQK>
 __host__ __device__ inline smem_plan make_smem_plan(int identity, int stage_pitch, int nstages) {
@@ -71,7 +84,7 @@ __host__ __device__ inline smem_plan make_smem_plan(int identity, int stage_pitc
     o += (bytes + 15) / 16 * 16;
     return at;
   };
-  s.q = take(MR * KP * 2);
+  s.q = take(MR * q_pitch<MR, DQK>(identity) * 2);
   s.p = take(MR * PP * 2);
   int stage_bytes = identity ? BN * KP * 2 : BN * stage_pitch;
   s.stages = take(nstages * stage_bytes);
@@ -84,6 +97,7 @@ __host__ __device__ inline smem_plan make_smem_plan(int identity, int stage_pitc
   s.l_run = take(MR * 4);
   s.tok_page = take(nstages * BN * 4);
   s.tok_off = take(nstages * BN * 4);
+  s.s_part = take(fused_path<MR>(identity) ? MR * BN * 4 : 0);
   s.total = o;
   return s;
 }
