@@ -127,6 +127,25 @@ __device__ __forceinline__ void row_coords(const params &p, int qi, int rho, int
   else i = rho / p.h_q, h = rho - (rho / p.h_q) * p.h_q;
 }
 
+// dequant_chunk_bf16 with the e4m3 kinds sharing one conversion body (only
+// the scale differs), so the fused loop carries one copy of it and few branches.
+__device__ __forceinline__ uint4 fused_chunk(const mla::chunk_plan &c, const unsigned char *row, float tscale) {
+  const int kind = c.kind;
+  if (kind >= mla::CHUNK_FP8_ONE) {
+    float s = kind == mla::CHUNK_FP8_TENSOR ? tscale : 1.0f;
+    if (kind == mla::CHUNK_FP8_F32) s = *reinterpret_cast<const float *>(row + c.scale_src);
+    else if (kind == mla::CHUNK_FP8_UE8M0) s = mla_decode_scale(MLA_UE8M0, row[c.scale_src]);
+    return mla::e4m3x8_scaled_bf16(*reinterpret_cast<const uint2 *>(row + c.src), s);
+  }
+  if (kind == mla::CHUNK_COPY) return *reinterpret_cast<const uint4 *>(row + c.src);
+  return mla::dequant_chunk_bf16(c, row, tscale);
+}
+
+// Fused path: Q rows g and g + 8 stored as ready mma A fragments, per 8-dim
+// chunk c two 16-byte fragments (dims 0-3, dims 4-7); row pairs padded by 16
+// bytes so lanes (g, t4) reading chunks c0 + t4 hit distinct banks.
+template <int DQK> __device__ __forceinline__ int qfrag_off(int pair, int c) { return pair * (DQK / 8 * 32 + 16) + c * 32; }
+
 __device__ __forceinline__ uint16_t to_bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 
 template <int MR, int DQK>
@@ -214,7 +233,11 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
                          e[6] | (uint32_t)e[7] << 16);
       }
     }
-    *reinterpret_cast<uint4 *>(Qs + row * QP + c * 8) = val;
+    if (fused) {
+      uint32_t *f = reinterpret_cast<uint32_t *>(reinterpret_cast<unsigned char *>(Qs) + qfrag_off<DQK>(row & 7, c));
+      const int hi = row >> 3;
+      f[hi] = val.x, f[2 + hi] = val.y, f[4 + hi] = val.z, f[6 + hi] = val.w;
+    } else *reinterpret_cast<uint4 *>(Qs + row * QP + c * 8) = val;
   }
   for (int row = tid; row < MR; row += NT) {
     m_run[row] = m_run[MR + row] = -CUDART_INF_F;
@@ -275,16 +298,16 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
         static_assert(S::NW == 8 && S::SCG == 4 && S::SWN == 8, "fused path: 4 token groups x 2 dim halves");
         const int tg = warp & 3, half = warp >> 2, n = tg * 8 + g;
         const unsigned char *raw = Kt + n * p.stage_pitch;
-        const uint16_t *q0 = Qs + g * QP + half * (DQK / 2) + 8 * t4, *q1 = q0 + 8 * QP;
+        const unsigned char *qf = reinterpret_cast<const unsigned char *>(Qs) + qfrag_off<DQK>(g, half * (DQK / 16) + t4);
         unsigned char *kdst = Kb + n * KP * 2;
         const int c0 = half * (DQK / 16) + t4;
 #pragma unroll 4
         for (int j = 0; j < DQK / 64; j++) {
           const int c = c0 + 4 * j;
-          const uint4 kv = mla::dequant_chunk_bf16(plan[c], raw, tscale);
+          const uint4 kv = fused_chunk(plan[c], raw, tscale);
           if (c < DV / 8) *reinterpret_cast<uint4 *>(kdst + c * 16) = kv; // V dims, for P V
-          const uint4 qa = *reinterpret_cast<const uint4 *>(q0 + 32 * j), qb = *reinterpret_cast<const uint4 *>(q1 + 32 * j);
-          const uint32_t a0[4] = {qa.x, qb.x, qa.y, qb.y}, a1[4] = {qa.z, qb.z, qa.w, qb.w};
+          const uint4 qa = *reinterpret_cast<const uint4 *>(qf + 128 * j), qb = *reinterpret_cast<const uint4 *>(qf + 128 * j + 16);
+          const uint32_t a0[4] = {qa.x, qa.y, qa.z, qa.w}, a1[4] = {qb.x, qb.y, qb.z, qb.w};
           mla::mma_bf16_16816(sacc[0], a0, kv.x, kv.y);
           mla::mma_bf16_16816(sodd[0], a1, kv.z, kv.w);
         }
