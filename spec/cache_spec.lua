@@ -229,11 +229,12 @@ describe("caches on a GPU #gpu", function()
     local L = mla.layout.get("fp8_ds_mla")
     local g = mla.cache.new { layout = L, num_blocks = 3, block_size = 64, num_layers = 4, order = "block_major", page_pad = 656, device = "cuda" }
     local h = mla.cache.new { layout = L, num_blocks = 3, block_size = 64, num_layers = 4, order = "block_major", page_pad = 656, device = "cpu" }
-    g:poison(2, "zeros")
-    h:poison(2, "zeros")
     -- the layer itself starts as fresh allocations on two devices: give both the same bytes
+    -- (before poisoning, which records the bytes check_bleed compares against)
     g:layer(2):fill(0)
     h:layer(2):fill(0)
+    g:poison(2, "zeros")
+    h:poison(2, "zeros")
     local slots = slots_of { 0, 100, 191 }
     local x = mla.randn({ 3, 576 })
     g:write(2, x:cuda(), slots:cuda())

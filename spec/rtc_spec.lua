@@ -688,7 +688,7 @@ extern "C" __global__ void big_smem(int *out, int n) {
     end, "kernel big_smem: shared_mem 1048576 bytes")
   end)
 
-  it("names the kernel when a launch fails", function()
+  it("names the kernel when a launch fails #nosan", function()
     local m = rtc.compile { source = 'extern "C" __global__ void __launch_bounds__(128) small_block(int *p) { p[threadIdx.x] = 1; }',
       name = "launch_err.cu" }
     local k = m:kernel("small_block")
