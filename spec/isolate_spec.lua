@@ -104,3 +104,31 @@ describe("isolate #gpu", function()
     assert.equal("OOM", r.status, r.error)
   end)
 end)
+
+describe("a sweep without isolation #gpu", function()
+  it("stops at a fault with an error naming the kernel, keeps the points before it, and exits non-zero", function()
+    local bin = (package.loaded["mlalab.paths"] or {}).exe or os.getenv("MLALAB_BIN") or "./build/mlalab"
+    local jsonl = os.tmpname()
+    local code = string.format([[
+      local mla = require 'mlalab'
+      mla.sweep { name = 'nofault', params = { { 'i', { 1, 2, 3, 4 } } }, jsonl = %q, progress = false,
+        run = function(p)
+          local b = mla.zeros({ 16 }, 'f32', 'cuda')
+          if p.i == 3 then mla.core.debug_kernel('oob_store', b) end
+          mla.synchronize('cuda')
+          return { value = p.i * 2 }
+        end }
+    ]], jsonl)
+    local r = core.spawn { argv = { bin, "-e", code }, timeout = 120 }
+    assert.are_not.equal(0, r.exit_code)
+    assert.truthy(r.stderr:find("mla_debug_oob_store", 1, true), r.stderr)
+    local lines = {}
+    for l in io.lines(jsonl) do lines[#lines + 1] = l end
+    os.remove(jsonl)
+    -- points 1 and 2 were written before the fault; nothing after it ran
+    assert.is_true(#lines >= 2, "lines " .. #lines)
+    assert.truthy(lines[1]:find('"status":"OK"', 1, true), lines[1])
+    assert.truthy(lines[2]:find('"status":"OK"', 1, true), lines[2])
+    for _, l in ipairs(lines) do assert.falsy(l:find('"i":4', 1, true), l) end
+  end)
+end)
