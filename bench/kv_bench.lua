@@ -73,7 +73,7 @@ local function shuffled_slots(n)
   return mla.tensor(s, "i64", dev), p
 end
 
--- Cases: each returns fn, bytes, note ---------------------------------------------------
+-- Cases: each returns fn, bytes, note (, extra mla.bench options) ---------------------------
 
 local cases = {}
 local function case(name, build) cases[#cases + 1] = { name = name, build = build } end
@@ -173,6 +173,24 @@ case("gather_referenced fp8_ds_mla", function(bytes)
       string.format("%d x %d indices, + 4 B remap read and written", T, W)
 end)
 
+-- Compaction (vLLM #42248's design): mark, rank and list the referenced pages,
+-- dequantize them, remap the indices. Output shapes depend on index values, so
+-- it reads the page count back (a host sync by design): timed with sync = true
+-- (no blocking kernel in front; host gaps between its kernels are included).
+case("compact fp8_ds_mla", function(bytes)
+  local per = 656 + 1152
+  local W = cpu and 64 or 2048
+  local T = (bytes // per) // W
+  local c = pool("fp8_ds_mla", 2 * T * W)
+  local v = fill(c, 0)
+  local idx = rand_ints(T * W, c.num_blocks * BS):reshape({ T, W })
+  local _, _, pages = K.compact(v, idx)
+  local npages = pages:numel()
+  return function() K.compact(v, idx) end, npages * BS * per + T * W * 8,
+      string.format("%d x %d indices -> %d of %d pages dequantized (%d B read + %d B written per row) + 4 B remap read and written",
+        T, W, npages, c.num_blocks, 656, 1152), { sync = true }
+end)
+
 for _, mode in ipairs { "paged", "ragged" } do
   case("topk_" .. mode .. " prefill", function(bytes)
     local W = 2048
@@ -183,15 +201,20 @@ for _, mode in ipairs { "paged", "ragged" } do
     q[nreq] = T - (nreq - 1) * (T // nreq)
     local topk = rand_ints(T * W, 65536):reshape({ T, W })
     local out = mla.empty({ T, W }, "i32", dev)
+    -- the query -> request map as a device tensor made once (q_lens, a host
+    -- list, would be copied to the device inside the timed call)
+    local cq = { 0 }
+    for r = 1, nreq do cq[r + 1] = cq[r] + q[r] end
+    local cu_q = mla.tensor(cq, "i32", dev)
     local fn
     if mode == "paged" then
       local bt = rand_ints(nreq * 1024, 1 << 20):reshape({ nreq, 1024 })
-      fn = function() K.topk_paged(topk, bt, BS, { q_lens = q, out = out, check = false }) end
+      fn = function() K.topk_paged(topk, bt, BS, { cu_q = cu_q, out = out, check = false }) end
     else
       local cu = { 0 }
       for r = 1, nreq do cu[r + 1] = cu[r] + 65536 end
       local cut = mla.tensor(cu, "i32", dev)
-      fn = function() K.topk_ragged(topk, cut, { q_lens = q, out = out, check = false }) end
+      fn = function() K.topk_ragged(topk, cut, { cu_q = cu_q, out = out, check = false }) end
     end
     return fn, T * W * 8, string.format("%d query tokens x top-%d, 4 B read + 4 B written", T, W)
   end)
@@ -213,9 +236,11 @@ for _, cs in ipairs(cases) do
     local fixed = cs.name:find("262144", 1, true)
     for si, size in ipairs(sizes) do
       if not (fixed and si > 1) then
-        local fn, bytes, note = cs.build(size)
+        local fn, bytes, note, extra = cs.build(size)
         local name = cs.name .. (fixed and "" or string.format(" %d MiB", size // MiB))
-        local r = mla.bench(fn, { name = name, bytes = bytes, device = dev, max_time = args.max_time })
+        local bopts = { name = name, bytes = bytes, device = dev, max_time = args.max_time }
+        for k, x in pairs(extra or {}) do bopts[k] = x end
+        local r = mla.bench(fn, bopts)
         K.check(dev)
         results[#results + 1] = r
         local ratio = r.memcpy_frac

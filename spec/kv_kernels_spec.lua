@@ -696,6 +696,39 @@ describe("baked kernels vs CPU references #gpu", function()
     assert.same(K.topk_paged(dec, btt, bs):totable(), K.topk_paged(dec:cuda(), btt:cuda(), bs):cpu():totable())
   end)
 
+  it("generic paths: 3-chunk groups (amax through shared memory), bf16 / ue8m0 scales, e2m1, padding, split strided rows", function()
+    rng(700)
+    local L = mla.layout.define {
+      name = "spec_kv_generic_paths",
+      fields = {
+        { "nope", "e4m3", 480, scale = { dtype = "bf16", group = 24, policy = "amax", eps = 1e-4 } },
+        { "rope", "e2m1", 96, scale = { dtype = "ue8m0", group = 32, policy = "pow2", eps = 1e-4 } },
+      },
+      regions = { { name = "token", row = { "nope", "nope.scale", "rope", "rope.scale", { align = 16 } } } },
+      token_align = 16,
+    }
+    for _, bs in ipairs { 16, 5 } do
+      local nb = 7
+      local cpu = pool(L, nb, bs, "cpu")
+      local c = mla.cache.new { layout = L, num_blocks = nb, block_size = bs, num_layers = 61, order = "block_major",
+        device = "cuda" }
+      local g = c:view(17)
+      g.pages:fill(0)
+      c:poison(17, "zeros")
+      local n = nb * bs - 3
+      local p, sl = perm(nb * bs), {}
+      for i = 1, n do sl[i] = (i % 6 == 1) and -1 or p[i] end
+      local wide = mla.randn({ n, 700 }, { std = 3 }):to("bf16") -- k_nope and k_rope as slices of a wider projection
+      local wg = wide:cuda()
+      K.write(cpu, mla.tensor(sl, "i64"), wide:narrow(1, 0, 480), wide:narrow(1, 600, 96))
+      K.write(g, mla.tensor(sl, "i64", "cuda"), wg:narrow(1, 0, 480), wg:narrow(1, 600, 96))
+      assert_bytes(g.pages:cpu(), cpu.pages, "write, block size " .. bs)
+      assert.is_nil(c:check_bleed(17, { slots = sl }))
+      local st = mla.tensor(sl, "i32")
+      assert_bytes(K.gather_sparse(g, st:cuda()):cpu(), K.gather_sparse(cpu, st), "gather, block size " .. bs)
+    end
+  end)
+
   it("a view whose pages x page stride exceed 2^31 bytes: writes and reads land at 64-bit offsets", function()
     rng(600)
     local L, bs, nb, layers = mla.layout.get("fp8_ds_mla"), 64, 900, 61

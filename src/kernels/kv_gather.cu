@@ -1,50 +1,60 @@
 // Gather-dequant kernels: sparse (flat slot ids), dense (block table +
-// cumulative lengths), whole pages (compaction). One generic kernel over a
-// row source; lpt lanes per token, each lane owning chunks of 8 dims, all
-// loads of a token issued before any conversion or store.
+// cumulative lengths), whole pages (compaction), and the raw region bytes.
+//
+// Dequantizing gathers are latency-bound (an index, then a scattered token
+// row), so each warp keeps S - 1 token rows in flight: it takes every nw-th
+// output row (all warps sweep the rows together; MLALAB_KV_ORDER=0: a
+// contiguous share each), resolves 32 rows at a time (one index load per lane,
+// kept as 32-bit page index + offset so nothing spills), and streams their
+// token rows into an S-stage ring in shared memory with cp.async while it
+// dequantizes the oldest staged row into bf16 (lane j owns chunks j, j + 32,
+// ... of 8 dims). How a chunk is rebuilt comes from a per-block plan made from
+// the layout descriptor (kv_common.cuh), so any layout works; common shapes
+// (bf16 copies, e4m3 / e2m1 codes with f32 / ue8m0 / e4m3 / tensor scales) get
+// straight-line code. The raw gather copies 32 rows per batch through
+// registers, all loads of a pass group before the stores.
 #include "kv_common.cuh"
 
 namespace {
 
 using namespace mla_kv;
-using mla::chunk_plan;
 
 // Row sources: locate(row) -> page and offset, or false (no load, no store).
 struct SparseSrc {
   mla_kv_ivec slots;
   mla_kv_omat remap; // data NULL: none
   __device__ int64_t rows() const { return slots.n; }
-  __device__ bool locate(int64_t row, int bs, int64_t num_pages, int64_t &page, int64_t &t, unsigned long long *bad,
-                         bool leader) const {
+  __device__ bool locate(int64_t row, int bs, int64_t num_pages, int64_t &page, int64_t &t,
+                         unsigned long long *bad) const {
     int64_t slot = ivec_at(slots, row);
     bool ok = slot >= 0;
     if (ok) {
       split_slot(slot, bs, page, t);
       if (page >= num_pages) {
         ok = false;
-        if (leader) count_bad(bad);
+        count_bad(bad);
       }
     }
-    if (leader && remap.data) omat_set(remap, row, 0, ok ? row : -1);
+    if (remap.data) omat_set(remap, row, 0, ok ? row : -1);
     return ok;
   }
 };
 
 // Request r's logical position p = starts[r] + (row - cu[r]) -> block_table[r, p / bs].
 __device__ __forceinline__ bool locate_dense(const mla_kv_dense &g, int64_t row, int bs, int64_t num_pages,
-                                             int64_t &page, int64_t &t, unsigned long long *bad, bool leader) {
+                                             int64_t &page, int64_t &t, unsigned long long *bad) {
   if (row >= ivec_at(g.cu, g.cu.n - 1) || row < ivec_at(g.cu, 0)) return false; // past the last request: untouched
   int64_t r = find_segment(g.cu, row);
   int64_t p = row - ivec_at(g.cu, r) + (g.starts.n ? ivec_at(g.starts, r) : 0);
   int64_t j = p >= 0 ? p / bs : -1;
   if (j < 0 || j >= g.block_table.cols) {
-    if (leader) count_bad(bad);
+    count_bad(bad);
     return false;
   }
   page = imat_at(g.block_table, r, j);
   t = p - j * bs;
   if (page < 0 || page >= num_pages) {
-    if (leader) count_bad(bad);
+    count_bad(bad);
     return false;
   }
   return true;
@@ -54,9 +64,9 @@ struct DenseSrc {
   mla_kv_dense g;
   int64_t nrows;
   __device__ int64_t rows() const { return nrows; }
-  __device__ bool locate(int64_t row, int bs, int64_t num_pages, int64_t &page, int64_t &t, unsigned long long *bad,
-                         bool leader) const {
-    return locate_dense(g, row, bs, num_pages, page, t, bad, leader);
+  __device__ bool locate(int64_t row, int bs, int64_t num_pages, int64_t &page, int64_t &t,
+                         unsigned long long *bad) const {
+    return locate_dense(g, row, bs, num_pages, page, t, bad);
   }
 };
 
@@ -64,114 +74,194 @@ struct PagesSrc {
   mla_kv_ivec pages;
   int bs;
   __device__ int64_t rows() const { return pages.n * bs; }
-  __device__ bool locate(int64_t row, int bs_, int64_t num_pages, int64_t &page, int64_t &t, unsigned long long *bad,
-                         bool leader) const {
+  __device__ bool locate(int64_t row, int bs_, int64_t num_pages, int64_t &page, int64_t &t,
+                         unsigned long long *bad) const {
     int64_t j = row / bs_;
     page = ivec_at(pages, j);
     t = row - j * bs_;
     if (page < 0 || page >= num_pages) {
-      if (leader) count_bad(bad);
+      count_bad(bad);
       return false;
     }
     return true;
   }
 };
 
-template <int ITERS, class Src>
-__global__ void __launch_bounds__(kThreads) gather_kernel(const __grid_constant__ mla_layout_desc d,
+template <class Src, int S, int MB>
+__global__ void __launch_bounds__(kThreads, MB) gather_kernel(const __grid_constant__ mla_layout_desc d,
                                                           const __grid_constant__ mla_cache_view v, const Src src,
-                                                          const mla_kv_rows out, int lpt, unsigned long long *bad) {
-  extern __shared__ chunk_plan plan[];
+                                                          const mla_kv_rows out, const __grid_constant__ stage_geom g,
+                                                          int order, unsigned long long *bad) {
+  extern __shared__ __align__(16) unsigned char smem[];
   const int nchunks = (int)(out.cols / 8);
-  mla::plan_chunks(d, plan, nchunks);
+  stage_chunk *plan = reinterpret_cast<stage_chunk *>(smem);
+  for (int c = threadIdx.x; c < nchunks; c += blockDim.x) plan[c] = make_stage_chunk(d, g, c);
+  const int lane = threadIdx.x & 31;
+  unsigned char *ring = smem + (nchunks * (int)sizeof(stage_chunk) + 15) / 16 * 16 + (threadIdx.x >> 5) * S * g.pitch;
   __syncthreads();
-  const int lane = threadIdx.x & 31, sub = lane & (lpt - 1), tpw = 32 / lpt;
+  const float ts = v.tensor_scale ? *v.tensor_scale : 1.0f;
+  const bool ovec = ((uintptr_t)out.data & 15) == 0 && (out.stride & 7) == 0; // 16-byte output chunks
   const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
-  const float ts = v.tensor_scale ? *v.tensor_scale : 1.0f;
-  const int64_t nrows = src.rows();
-  for (int64_t row = warp * tpw + lane / lpt; row < nrows; row += nwarps * tpw) {
-    int64_t page, t;
-    if (!src.locate(row, d.block_size, v.num_pages, page, t, bad, sub == 0)) continue;
-    const unsigned char *pg = v.base + page * v.page_stride;
-    uint4 raw[ITERS];
-    uint32_t sb[ITERS];
-#pragma unroll
-    for (int i = 0; i < ITERS; i++) {
-      int c = sub + i * lpt;
-      sb[i] = 0;
-      raw[i] = make_uint4(0, 0, 0, 0);
-      if (c < nchunks) {
-        const chunk_plan &P = plan[c];
-        raw[i] = mla::load_chunk_raw(P.dtype, mla::chunk_ptr(pg, P.data_base, P.data_row, t, v.token_stride));
-        if (P.scale_kind == MLA_SCALE_GROUP)
-          sb[i] = mla::load_scale_raw(P.scale_dtype, mla::chunk_ptr(pg, P.scale_base, P.scale_row, t, v.token_stride));
-      }
+  const warp_items R = items_of(src.rows(), warp, nwarps, order);
+  for (int64_t kb = 0; kb < R.count; kb += 32) {
+    const int nb = (int)(R.count - kb < 32 ? R.count - kb : 32);
+    // lane j resolves the batch's row j: its page (-1: no load, no store) and offset
+    // (32-bit: a page index and an offset in a page fit an int, and keep registers free)
+    int pgi = -1, tt = 0;
+    if (lane < nb) {
+      int64_t page, t;
+      if (src.locate(R.at(kb + lane), d.block_size, v.num_pages, page, t, bad)) pgi = (int)page, tt = (int)t;
     }
-    unsigned char *orow = (unsigned char *)out.data + row * out.stride * 2;
-#pragma unroll
-    for (int i = 0; i < ITERS; i++) {
-      int c = sub + i * lpt;
-      if (c < nchunks) {
-        const chunk_plan &P = plan[c];
-        float x[8];
-        mla::dequant_chunk(P, raw[i], sb[i], mla::chunk_ptr(pg, P.data_base, P.data_row, t, v.token_stride), ts, x);
-        mla::store16(orow + (int64_t)c * 16, mla::pack_bf16x8(x));
+    auto issue = [&](int kk) {
+      const int p = __shfl_sync(0xffffffffu, pgi, kk);
+      const int t = __shfl_sync(0xffffffffu, tt, kk);
+      if (p >= 0) stage_token(d, v, g, v.base + (int64_t)p * v.page_stride, t, ring + (kk % S) * g.pitch, lane);
+    };
+#pragma unroll 1
+    for (int k = 0; k < S - 1; k++) {
+      if (k < nb) issue(k);
+      mla::cp_async_commit();
+    }
+#pragma unroll 1
+    for (int k = 0; k < nb; k++) {
+      if (k + S - 1 < nb) issue(k + S - 1); // into the stage row k - 1 used
+      mla::cp_async_commit();
+      cp_async_wait_stages<S>(); // row k has landed (this lane's copies) ...
+      __syncwarp();              // ... and every lane's
+      if (__shfl_sync(0xffffffffu, pgi, k) >= 0) {
+        const unsigned char *row = ring + (k % S) * g.pitch;
+        unsigned char *orow = (unsigned char *)out.data + R.at(kb + k) * out.stride * 2;
+        for (int c = lane; c < nchunks; c += 32) {
+          const uint4 o = stage_dequant(load_stage_chunk(plan + c), row, ts);
+          if (ovec) *reinterpret_cast<uint4 *>(orow + 16 * c) = o;
+          else mla::store16(orow + 16 * (int64_t)c, o);
+        }
       }
+      __syncwarp(); // the stage is refilled next iteration
     }
   }
+  mla::cp_async_wait<0>();
+}
+
+template <class Src, int S, int MB>
+void launch_gather_k(const mla_kv_cache *c, const Src &src, int64_t rows, const mla_kv_rows *out, const stage_geom &g,
+                     size_t smem, unsigned long long *bad, cudaStream_t s) {
+  auto k = gather_kernel<Src, S, MB>;
+  if (smem > 48 * 1024) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+  const int grid = grid_for(k, smem, (rows + 16 * (kThreads / 32) - 1) / (16 * (kThreads / 32))); // >= 16 rows per warp
+  k<<<grid, kThreads, smem, s>>>(c->desc, c->view, src, *out, g, work_order(), bad);
+}
+
+// MB: blocks per SM the register budget is cut for (3: 80 registers, 24 warps,
+// no spills; 4: 64 registers, 32 warps). 3 measured 2-4% faster on the H100
+// (bench/RESULTS.md); MLALAB_KV_GATHER_MB=4 selects the other (tuning).
+template <class Src, int S>
+void launch_gather_s(const mla_kv_cache *c, const Src &src, int64_t rows, const mla_kv_rows *out, const stage_geom &g,
+                     size_t smem, unsigned long long *bad, cudaStream_t s) {
+  static const int mb = getenv("MLALAB_KV_GATHER_MB") && atoi(getenv("MLALAB_KV_GATHER_MB")) == 4 ? 4 : 3;
+  if (mb == 3) launch_gather_k<Src, S, 3>(c, src, rows, out, g, smem, bad, s);
+  else launch_gather_k<Src, S, 4>(c, src, rows, out, g, smem, bad, s);
 }
 
 template <class Src>
 cudaError_t launch_gather(const mla_kv_cache *c, const Src &src, int64_t rows, const mla_kv_rows *out,
                           unsigned long long *bad, cudaStream_t s) {
   if (rows == 0 || out->cols == 0) return cudaSuccess;
-  int nchunks = (int)(out->cols / 8);
-  int lpt = lanes_per_token(nchunks), iters = iters_for(nchunks, lpt);
-  size_t smem = (size_t)nchunks * sizeof(chunk_plan);
-  int64_t rows_per_block = (int64_t)(kThreads / 32) * (32 / lpt);
-  int64_t work = (rows + rows_per_block - 1) / rows_per_block;
-  MLA_KV_DISPATCH_ITERS(iters, {
-    auto k = gather_kernel<ITERS, Src>;
-    k<<<grid_for(k, smem, work), kThreads, smem, s>>>(c->desc, c->view, src, *out, lpt, bad);
-  })
+  const int nchunks = (int)(out->cols / 8);
+  const stage_geom g = make_stage_geom(c->desc, c->view);
+  const int S = stages_for(g.pitch);
+  const size_t smem = (size_t)(nchunks * sizeof(stage_chunk) + 15) / 16 * 16 + (size_t)(kThreads / 32) * S * g.pitch;
+  if (S == 16) launch_gather_s<Src, 16>(c, src, rows, out, g, smem, bad, s);
+  else if (S == 8) launch_gather_s<Src, 8>(c, src, rows, out, g, smem, bad, s);
+  else launch_gather_s<Src, 4>(c, src, rows, out, g, smem, bad, s);
   return cudaGetLastError();
 }
 
-// Raw region rows (the indexer's fp8 keys and scales as stored).
+// ---- raw region rows (the indexer's fp8 keys and scales as stored) ----
+
 struct RawOut {
   unsigned char *p[MLA_LAYOUT_MAX_REGIONS];
   int64_t stride[MLA_LAYOUT_MAX_REGIONS];
+  int gran[MLA_LAYOUT_MAX_REGIONS]; // copy width every source and destination row allows
 };
 
-__device__ __forceinline__ void copy_bytes_warp(unsigned char *dst, const unsigned char *src, int64_t n, int lane) {
-  uintptr_t a = (uintptr_t)dst | (uintptr_t)src | (uintptr_t)n;
-  if ((a & 15) == 0) {
-    for (int64_t i = lane; i < n / 16; i += 32)
-      reinterpret_cast<uint4 *>(dst)[i] = __ldg(reinterpret_cast<const uint4 *>(src) + i);
-  } else if ((a & 3) == 0) {
-    for (int64_t i = lane; i < n / 4; i += 32)
-      reinterpret_cast<uint32_t *>(dst)[i] = __ldg(reinterpret_cast<const uint32_t *>(src) + i);
-  } else {
-    for (int64_t i = lane; i < n; i += 32) dst[i] = src[i];
+template <int G> struct piece;
+template <> struct piece<16> { using T = uint4; };
+template <> struct piece<8> { using T = uint2; };
+template <> struct piece<4> { using T = uint32_t; };
+
+// Region r of the batch's rows, G bytes per lane and load: 32 / per_tok rows
+// per pass, K passes loaded before any store.
+template <int G>
+__device__ __forceinline__ void copy_region_batch(const unsigned char *pg, int tt, int nb, const warp_items &R, int64_t kb,
+                                                  int64_t roff, int64_t rs, int per_tok, unsigned char *o, int64_t os,
+                                                  int lane) {
+  using T = typename piece<G>::T;
+  constexpr int K = 4;
+  const int tpp = 32 / per_tok, sub = lane / per_tok, pc = lane - sub * per_tok;
+  for (int k0 = 0; k0 < nb; k0 += tpp * K) {
+    T buf[K];
+    uint32_t ok = 0;
+#pragma unroll
+    for (int q = 0; q < K; q++) {
+      const int k = k0 + q * tpp + sub;
+      const unsigned char *p = shfl_ptr(pg, k & 31);
+      const int t = __shfl_sync(0xffffffffu, tt, k & 31);
+      if (k < nb && p) {
+        buf[q] = *reinterpret_cast<const T *>(p + roff + t * rs + (int64_t)pc * G);
+        ok |= 1u << q;
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < K; q++)
+      if (ok >> q & 1u) *reinterpret_cast<T *>(o + R.at(kb + k0 + q * tpp + sub) * os + (int64_t)pc * G) = buf[q];
   }
 }
 
-__global__ void __launch_bounds__(kThreads) gather_raw_kernel(const __grid_constant__ mla_layout_desc d,
+__global__ void __launch_bounds__(kThreads, 4) gather_raw_kernel(const __grid_constant__ mla_layout_desc d,
                                                               const __grid_constant__ mla_cache_view v,
-                                                              const mla_kv_dense g, const RawOut out, int64_t nrows,
-                                                              unsigned long long *bad) {
+                                                              const mla_kv_dense g, const __grid_constant__ RawOut out, int64_t nrows,
+                                                              int order, unsigned long long *bad) {
   const int lane = threadIdx.x & 31;
   const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
-  for (int64_t row = warp; row < nrows; row += nwarps) {
-    int64_t page, t;
-    if (!locate_dense(g, row, d.block_size, v.num_pages, page, t, bad, lane == 0)) continue;
-    const unsigned char *pg = v.base + page * v.page_stride;
+  const warp_items R = items_of(nrows, warp, nwarps, order);
+  for (int64_t kb = 0; kb < R.count; kb += 32) {
+    const int nb = (int)(R.count - kb < 32 ? R.count - kb : 32);
+    const unsigned char *pg = nullptr;
+    int tt = 0;
+    if (lane < nb) {
+      int64_t page, t;
+      if (locate_dense(g, R.at(kb + lane), d.block_size, v.num_pages, page, t, bad)) pg = v.base + page * v.page_stride, tt = (int)t;
+    }
     for (int r = 0; r < d.nregions; r++) {
-      int64_t rb = d.region_row_bytes[r];
-      const unsigned char *srow = mla::chunk_ptr(pg, d.region_off[r], r == 0 ? 0 : (int32_t)rb, t, v.token_stride);
-      copy_bytes_warp(out.p[r] + row * out.stride[r], srow, rb, lane);
+      const int rb = d.region_row_bytes[r];
+      const int64_t rs = r == 0 ? v.token_stride : (int64_t)rb;
+      const int64_t roff = d.region_off[r];
+      const int G = out.gran[r], per_tok = rb / (G > 1 ? G : 1);
+      if (G > 1 && per_tok <= 32 && (per_tok & (per_tok - 1)) == 0) {
+        if (G == 16) copy_region_batch<16>(pg, tt, nb, R, kb, roff, rs, per_tok, out.p[r], out.stride[r], lane);
+        else if (G == 8) copy_region_batch<8>(pg, tt, nb, R, kb, roff, rs, per_tok, out.p[r], out.stride[r], lane);
+        else copy_region_batch<4>(pg, tt, nb, R, kb, roff, rs, per_tok, out.p[r], out.stride[r], lane);
+      } else { // any other row, row by row: G-byte pieces (bytes when nothing else is aligned)
+        for (int k = 0; k < nb; k++) {
+          const unsigned char *p = shfl_ptr(pg, k);
+          const int t = __shfl_sync(0xffffffffu, tt, k);
+          if (!p) continue;
+          const unsigned char *srow = p + d.region_off[r] + t * rs;
+          unsigned char *orow = out.p[r] + R.at(kb + k) * out.stride[r];
+          if (G == 16)
+            for (int i = lane; i < rb / 16; i += 32) reinterpret_cast<uint4 *>(orow)[i] = reinterpret_cast<const uint4 *>(srow)[i];
+          else if (G == 8)
+            for (int i = lane; i < rb / 8; i += 32) reinterpret_cast<uint2 *>(orow)[i] = reinterpret_cast<const uint2 *>(srow)[i];
+          else if (G == 4)
+            for (int i = lane; i < rb / 4; i += 32) reinterpret_cast<uint32_t *>(orow)[i] = reinterpret_cast<const uint32_t *>(srow)[i];
+          else
+            for (int i = lane; i < rb; i += 32) orow[i] = srow[i];
+        }
+      }
     }
   }
 }
@@ -202,8 +292,16 @@ extern "C" cudaError_t mla_cuda_kv_gather_raw(const mla_kv_cache *c, const mla_k
                                               cudaStream_t s) {
   if (rows == 0 || g->cu.n < 2) return cudaSuccess;
   RawOut o = {};
-  for (int r = 0; r < c->desc.nregions; r++) o.p[r] = out[r], o.stride[r] = out_stride[r];
-  int64_t work = (rows + kThreads / 32 - 1) / (kThreads / 32);
-  gather_raw_kernel<<<grid_for(gather_raw_kernel, 0, work), kThreads, 0, s>>>(c->desc, c->view, *g, o, rows, bad);
+  for (int r = 0; r < c->desc.nregions; r++) {
+    o.p[r] = out[r], o.stride[r] = out_stride[r];
+    const int gs = copy_granularity((uintptr_t)c->view.base + (uintptr_t)c->desc.region_off[r], c->view.page_stride,
+                                    r == 0 ? c->view.token_stride : (int64_t)c->desc.region_row_bytes[r],
+                                    c->desc.region_row_bytes[r]);
+    const int gd = copy_granularity((uintptr_t)out[r], out_stride[r], out_stride[r], c->desc.region_row_bytes[r]);
+    o.gran[r] = gs < gd ? gs : gd;
+  }
+  int64_t work = (rows + 31) / 32 / (kThreads / 32) + 1;
+  // rows in contiguous shares: a batch is 32 consecutive tokens of a request, read as whole lines
+  gather_raw_kernel<<<grid_for(gather_raw_kernel, 0, work), kThreads, 0, s>>>(c->desc, c->view, *g, o, rows, 0, bad);
   return cudaGetLastError();
 }

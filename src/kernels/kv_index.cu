@@ -7,7 +7,7 @@ namespace {
 using namespace mla_kv;
 
 constexpr int kTopkBatch = 4; // entries per lane loaded before any is used
-constexpr int kVecBatch = 2;  // 16-byte loads per lane in flight on the vector path
+constexpr int kVecBatch = 4;  // 16-byte loads per lane in flight on the vector path
 
 // Request of query token t, -1 for a padding token past cu_q[B].
 __device__ __forceinline__ int64_t request_of(const mla_kv_token_req &q, int64_t t) {
@@ -19,17 +19,28 @@ __device__ __forceinline__ int64_t request_of(const mla_kv_token_req &q, int64_t
   return t;
 }
 
+// A map runs in two steps so that a lane issues the loads of all its entries
+// before it uses any: fetch(r, idx) -> the looked-up value (a block-table
+// entry; -2 for a column past the table), finish(r, idx, fetched, out) -> ok.
 struct PagedMap {
   mla_kv_imat bt;
   int64_t bs;
   int64_t out_max;
+  int shift; // log2(bs) when bs is a power of two, else -1
   __device__ int64_t nreq() const { return bt.rows; }
-  __device__ bool map(int64_t r, int64_t idx, int64_t &out) const {
+  __device__ void split(int64_t idx, int64_t &j, int64_t &off) const {
+    if (shift >= 0) j = idx >> shift, off = idx & (bs - 1);
+    else split_slot(idx, (int)bs, j, off);
+  }
+  __device__ int64_t fetch(int64_t r, int64_t idx) const {
     int64_t j, off;
-    split_slot(idx, (int)bs, j, off);
-    if (j >= bt.cols) return false;
-    int64_t page = imat_at(bt, r, j);
+    split(idx, j, off);
+    return j < bt.cols ? imat_at(bt, r, j) : -2;
+  }
+  __device__ bool finish(int64_t r, int64_t idx, int64_t page, int64_t &out) const {
     if (page < 0) return false;
+    int64_t j, off;
+    split(idx, j, off);
     out = page * bs + off;
     return out <= out_max;
   }
@@ -39,8 +50,9 @@ struct RaggedMap {
   mla_kv_ivec cu_k;
   int64_t out_max;
   __device__ int64_t nreq() const { return cu_k.n - 1; }
-  __device__ bool map(int64_t r, int64_t idx, int64_t &out) const {
-    out = idx + ivec_at(cu_k, r);
+  __device__ int64_t fetch(int64_t r, int64_t) const { return ivec_at(cu_k, r); }
+  __device__ bool finish(int64_t, int64_t idx, int64_t off, int64_t &out) const {
+    out = idx + off;
     return out <= out_max;
   }
 };
@@ -73,23 +85,26 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(const mla_kv_imat topk, 
         int4 q[kVecBatch];
 #pragma unroll
         for (int j = 0; j < kVecBatch; j++) q[j] = __ldg(reinterpret_cast<const int4 *>(row + kv) + lane + 32 * j);
+        int e[4 * kVecBatch];
+        int64_t f[4 * kVecBatch];
 #pragma unroll
-        for (int j = 0; j < kVecBatch; j++) {
-          int e[4] = {q[j].x, q[j].y, q[j].z, q[j].w};
+        for (int j = 0; j < kVecBatch; j++) e[4 * j] = q[j].x, e[4 * j + 1] = q[j].y, e[4 * j + 2] = q[j].z, e[4 * j + 3] = q[j].w;
 #pragma unroll
-          for (int i = 0; i < 4; i++) {
-            int64_t v = -1;
-            if (e[i] >= 0 && rok) {
-              nvalid++;
-              if (!m.map(r, e[i], v)) {
-                v = -1;
-                count_bad(bad);
-              }
-            }
-            e[i] = (int)v;
+        for (int i = 0; i < 4 * kVecBatch; i++) f[i] = e[i] >= 0 && rok ? m.fetch(r, e[i]) : -1; // all lookups in flight
+        int nbad = 0;
+#pragma unroll
+        for (int i = 0; i < 4 * kVecBatch; i++) {
+          int64_t v = -1;
+          if (e[i] >= 0 && rok) {
+            nvalid++;
+            if (!m.finish(r, e[i], f[i], v)) v = -1, nbad++;
           }
-          reinterpret_cast<int4 *>(orow + kv)[lane + 32 * j] = make_int4(e[0], e[1], e[2], e[3]);
+          e[i] = (int)v;
         }
+        if (nbad) atomicAdd(bad, (unsigned long long)nbad);
+#pragma unroll
+        for (int j = 0; j < kVecBatch; j++)
+          reinterpret_cast<int4 *>(orow + kv)[lane + 32 * j] = make_int4(e[4 * j], e[4 * j + 1], e[4 * j + 2], e[4 * j + 3]);
       }
     }
     for (int64_t k0 = kv; k0 < K; k0 += 32 * kTopkBatch) {
@@ -99,6 +114,9 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(const mla_kv_imat topk, 
         int64_t k = k0 + lane + 32 * j;
         idx[j] = k < K ? __ldg(row + k * topk.cs) : (TI)-1;
       }
+      int64_t f[kTopkBatch];
+#pragma unroll
+      for (int j = 0; j < kTopkBatch; j++) f[j] = idx[j] >= 0 && rok ? m.fetch(r, (int64_t)idx[j]) : -1;
 #pragma unroll
       for (int j = 0; j < kTopkBatch; j++) {
         int64_t k = k0 + lane + 32 * j;
@@ -106,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) topk_kernel(const mla_kv_imat topk, 
         int64_t v = -1;
         if (idx[j] >= 0 && rok) {
           nvalid++;
-          if (!m.map(r, (int64_t)idx[j], v)) {
+          if (!m.finish(r, (int64_t)idx[j], f[j], v)) {
             v = -1;
             count_bad(bad);
           }
@@ -217,7 +235,10 @@ extern "C" cudaError_t mla_cuda_kv_topk_paged(const mla_kv_imat *topk, const mla
                                               const mla_kv_imat *block_table, int64_t block_size,
                                               const mla_kv_omat *out, const mla_kv_omat *lens,
                                               unsigned long long *bad, cudaStream_t s) {
-  return launch_topk(topk, req, PagedMap{*block_table, block_size, out_max(out)}, out, lens, bad, s);
+  int shift = -1;
+  for (int k = 0; k < 31; k++)
+    if ((int64_t)1 << k == block_size) shift = k;
+  return launch_topk(topk, req, PagedMap{*block_table, block_size, out_max(out), shift}, out, lens, bad, s);
 }
 
 extern "C" cudaError_t mla_cuda_kv_topk_ragged(const mla_kv_imat *topk, const mla_kv_token_req *req,
