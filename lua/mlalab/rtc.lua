@@ -22,6 +22,7 @@ local rtc = {}
 rtc.CompileError = diag.CompileError
 rtc.is_compile_error = diag.is_compile_error
 rtc.layout_header = layouts.header
+rtc.builtins_header = layouts.builtins_header
 rtc.cache_view = layouts.cache_view
 rtc.LAYOUT_HEADER = layouts.HEADER_NAME
 --- mod:kernel() checks the module's files and recompiles when one changed.

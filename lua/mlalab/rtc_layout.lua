@@ -131,6 +131,36 @@ end
 local function C(v) return math.tointeger(v) and string.format("%d", v) or tostring(v) end
 local function dt(id) return "MLA_" .. DTYPES[id]:upper() end
 
+--- The C aggregate initializer of a normalized descriptor (`{...}`, lines
+-- after the first indented by `indent`): the one place descriptor numbers
+-- become C text, for JIT headers and for the baked kernels' built-ins header.
+function M.initializer(d, indent)
+  indent = indent or ""
+  local o = {}
+  local function add(fmt, ...) o[#o + 1] = string.format(fmt, ...) end
+  add("{")
+  add("%s  /* dim */ %d, /* k_dims */ %d, /* v_dims */ %d,", indent, d.dim, d.k_dims, d.v_dims)
+  add("%s  /* nfields */ %d, /* nregions */ %d, /* block_size */ %d,", indent, d.nfields, d.nregions, d.block_size)
+  add("%s  /* region_row_bytes */ {%s},", indent, table.concat(d.region_row_bytes, ", "))
+  local offs = {}
+  for i, v in ipairs(d.region_off) do offs[i] = C(v) .. "LL" end
+  add("%s  /* region_off */ {%s},", indent, table.concat(offs, ", "))
+  add("%s  /* page_bytes */ %sLL, /* page_align */ %d, /* token_align */ %d,", indent, C(d.page_bytes), d.page_align,
+    d.token_align)
+  add("%s  /* fields */ {", indent)
+  for i, f in ipairs(d.fields) do
+    add("%s    /* [%d]%s */ {%s, %s, /* dim_lo */ %d, /* count */ %d, /* region */ %d, /* byte_off */ %d,", indent,
+      i - 1, f.name and (" " .. f.name) or "", ROLES[f.role], dt(f.dtype), f.dim_lo, f.count, f.region, f.byte_off)
+    add("%s      %s, /* group */ %d, %s, /* scale_region */ %d, /* scale_off */ %d, %s, /* eps_on_amax */ %d,", indent,
+      SCALE_KINDS[f.scale_kind], f.group, dt(f.scale_dtype), f.scale_region, f.scale_off, POLICIES[f.scale_policy],
+      f.eps_on_amax)
+    add("%s      /* qmax */ %s, /* eps */ %s, /* scale_min */ %s, /* scale_max */ %s},", indent, float_literal(f.qmax),
+      float_literal(f.eps), float_literal(f.scale_min), float_literal(f.scale_max))
+  end
+  add("%s  }}", indent)
+  return table.concat(o, "\n")
+end
+
 --- The header text for a layout (anything with :desc(block_size)) or a descriptor table.
 function M.header(layout, block_size)
   local desc, name = layout, nil
@@ -152,25 +182,7 @@ function M.header(layout, block_size)
   add("#include \"mla/layout_desc.h\"")
   add("")
   add("#define MLA_LAYOUT_NAME \"%s\"", (tostring(name):gsub("[^%w_%-%.: ]", "_")))
-  add("constexpr mla_layout_desc mla_layout = {")
-  add("  /* dim */ %d, /* k_dims */ %d, /* v_dims */ %d,", d.dim, d.k_dims, d.v_dims)
-  add("  /* nfields */ %d, /* nregions */ %d, /* block_size */ %d,", d.nfields, d.nregions, d.block_size)
-  add("  /* region_row_bytes */ {%s},", table.concat(d.region_row_bytes, ", "))
-  local offs = {}
-  for i, v in ipairs(d.region_off) do offs[i] = C(v) .. "LL" end
-  add("  /* region_off */ {%s},", table.concat(offs, ", "))
-  add("  /* page_bytes */ %sLL, /* page_align */ %d, /* token_align */ %d,", C(d.page_bytes), d.page_align, d.token_align)
-  add("  /* fields */ {")
-  for i, f in ipairs(d.fields) do
-    add("    /* [%d]%s */ {%s, %s, /* dim_lo */ %d, /* count */ %d, /* region */ %d, /* byte_off */ %d,", i - 1,
-      f.name and (" " .. f.name) or "", ROLES[f.role], dt(f.dtype), f.dim_lo, f.count, f.region, f.byte_off)
-    add("      %s, /* group */ %d, %s, /* scale_region */ %d, /* scale_off */ %d, %s, /* eps_on_amax */ %d,",
-      SCALE_KINDS[f.scale_kind], f.group, dt(f.scale_dtype), f.scale_region, f.scale_off, POLICIES[f.scale_policy],
-      f.eps_on_amax)
-    add("      /* qmax */ %s, /* eps */ %s, /* scale_min */ %s, /* scale_max */ %s},", float_literal(f.qmax),
-      float_literal(f.eps), float_literal(f.scale_min), float_literal(f.scale_max))
-  end
-  add("  }};")
+  add("constexpr mla_layout_desc mla_layout = %s;", M.initializer(d, "  "))
   add("")
   add("/* The same numbers as plain constants, for reading and for array sizes. */")
   add("constexpr int MLA_LAYOUT_DIM = %d, MLA_LAYOUT_K_DIMS = %d, MLA_LAYOUT_V_DIMS = %d;", d.dim, d.k_dims, d.v_dims)
@@ -181,6 +193,55 @@ function M.header(layout, block_size)
   for i, f in ipairs(d.fields) do
     if f.name then add("constexpr int MLA_LAYOUT_FIELD_%s = %d;", f.name:upper(), i - 1) end
   end
+  add("")
+  add("#endif")
+  return table.concat(o, "\n") .. "\n"
+end
+
+M.BUILTINS_HEADER = "kernels_rtc/include/mla/builtin_layouts.h"
+M.BUILTINS_BLOCK_SIZE = 64
+
+--- The text of kernels_rtc/include/mla/builtin_layouts.h: the descriptor of
+-- every built-in layout at block size 64 as an initializer macro, and an
+-- X-macro listing them, so kernels baked in with nvcc can instantiate
+-- compile-time-specialized variants whose numbers come from the Lua
+-- definitions. The file is generated (scripts/gen-layouts) and committed so
+-- the build needs no interpreter; spec/layout_header_spec.lua fails when it is
+-- stale. Kernels pick a variant by comparing descriptors, never by name.
+function M.builtins_header()
+  local layout = require "mlalab.layout"
+  local bs = M.BUILTINS_BLOCK_SIZE
+  local o = {}
+  local function add(fmt, ...) o[#o + 1] = string.format(fmt, ...) end
+  add("/* Generated by scripts/gen-layouts (mla.rtc.builtins_header) from lua/mlalab/layout_builtins.lua. Do not edit:")
+  add(" * spec/layout_header_spec.lua fails when this file is stale.")
+  add(" *")
+  add(" * MLA_BUILTIN_DESC_<name> is the aggregate initializer of the mla_layout_desc of a built-in layout at")
+  add(" * block_size %d; MLA_BUILTIN_LAYOUTS(X) expands X(name, initializer) for each. Baked kernels instantiate", bs)
+  add(" * constexpr-specialized variants from these and select one when the runtime descriptor equals it. */")
+  add("#ifndef MLA_BUILTIN_LAYOUTS_H")
+  add("#define MLA_BUILTIN_LAYOUTS_H")
+  add("#include \"dtype_ids.h\"")
+  add("#include \"layout_desc.h\"")
+  add("")
+  add("#define MLA_BUILTIN_BLOCK_SIZE %d", bs)
+  local names = {}
+  for _, spec in ipairs(require "mlalab.layout_builtins") do
+    local name = spec.name
+    local L = layout.get(name)
+    do
+      local d = M.normalize(L:desc(bs), bs)
+      local id = name:gsub("[^%w_]", "_")
+      names[#names + 1] = id
+      add("")
+      add("/* %s */", (L.doc or name):gsub("%*/", "* /"))
+      add("#define MLA_BUILTIN_DESC_%s %s", id, (M.initializer(d, "    "):gsub("\n", " \\\n")))
+    end
+  end
+  add("")
+  local xs = {}
+  for i, id in ipairs(names) do xs[i] = string.format("X(%s, MLA_BUILTIN_DESC_%s)", id, id) end
+  add("#define MLA_BUILTIN_LAYOUTS(X) %s", table.concat(xs, " \\\n  "))
   add("")
   add("#endif")
   return table.concat(o, "\n") .. "\n"

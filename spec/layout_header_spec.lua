@@ -1,0 +1,42 @@
+-- The built-in layouts' descriptors baked into the nvcc kernels
+-- (kernels_rtc/include/mla/builtin_layouts.h) are generated from the Lua
+-- definitions and committed so the build needs no interpreter; this spec is
+-- what keeps the two from drifting apart.
+local mla = require "mlalab"
+local rtc_layout = require "mlalab.rtc_layout"
+
+describe("builtin_layouts.h", function()
+  it("is what scripts/gen-layouts generates from lua/mlalab/layout_builtins.lua", function()
+    local f = assert(io.open(rtc_layout.BUILTINS_HEADER, "rb"))
+    local committed = f:read("a")
+    f:close()
+    local fresh = mla.rtc.builtins_header()
+    if committed ~= fresh then
+      error(rtc_layout.BUILTINS_HEADER .. " is stale: run scripts/gen-layouts and commit it", 0)
+    end
+  end)
+
+  it("lists every built-in layout with its block-64 descriptor numbers", function()
+    local text = mla.rtc.builtins_header()
+    for _, spec in ipairs(require "mlalab.layout_builtins") do
+      local L = mla.layout.get(spec.name)
+      local d = L:desc(64)
+      local init = text:match("#define MLA_BUILTIN_DESC_" .. spec.name .. " (.-)\n\n")
+      assert.is_truthy(init, spec.name)
+      assert.is_truthy(init:find("/* page_bytes */ " .. math.tointeger(d.page_bytes) .. "LL", 1, true), spec.name)
+      assert.is_truthy(text:find("X(" .. spec.name .. ", MLA_BUILTIN_DESC_" .. spec.name .. ")", 1, true), spec.name)
+    end
+  end)
+
+  it("compiles with NVRTC as __device__ constexpr descriptors", function()
+    local src = [[
+#include "mla/builtin_layouts.h"
+#include "mla/layout_match.h"
+#define DEF(n, init) __device__ constexpr mla_layout_desc dev_##n = init;
+MLA_BUILTIN_LAYOUTS(DEF)
+extern "C" __global__ void probe(long long *o) { o[0] = dev_fp8_ds_mla.page_bytes + mla_layout_desc_same(&dev_fp8_v4, &dev_fp8_v4_vllm, 1); }
+]]
+    local m = mla.rtc.compile { source = src, name = "builtin_layouts_probe.cu", arch = "sm_90a" }
+    assert.is_truthy(m)
+  end)
+end)
