@@ -11,6 +11,7 @@
  *   core.kv_topk_paged(topk, block_table, block_size, token_req|nil, cu_q|nil, out [, lens])
  *   core.kv_topk_ragged(topk, cu_k, token_req|nil, cu_q|nil, out [, lens])
  *   core.kv_take_bad(device) -> skipped out-of-range indices since the last call */
+#include "kernels/kv_kernels.h"
 #include "kv.h"
 #include "l_common.h"
 #include "mla_error.h"
@@ -108,11 +109,25 @@ static int l_kv_take_bad(lua_State *L) {
   return 1;
 }
 
+/* kv_specialize([on]) -> previous setting; kv_last_variant() -> name. */
+static int l_kv_specialize(lua_State *L) {
+  int was = mla_cuda_kv_specialize();
+  if (!lua_isnoneornil(L, 1)) mla_cuda_kv_set_specialize(lua_toboolean(L, 1));
+  lua_pushboolean(L, was);
+  return 1;
+}
+
+static int l_kv_last_variant(lua_State *L) {
+  lua_pushstring(L, mla_cuda_kv_last_variant());
+  return 1;
+}
+
 MLA_LUA_MODULE(kv) {
   static const luaL_Reg fns[] = {{"kv_write", l_kv_write}, {"kv_gather_sparse", l_kv_gather_sparse},
                                  {"kv_gather_dense", l_kv_gather_dense}, {"kv_gather_raw", l_kv_gather_raw},
                                  {"kv_requant", l_kv_requant}, {"kv_compact", l_kv_compact},
                                  {"kv_topk_paged", l_kv_topk_paged}, {"kv_topk_ragged", l_kv_topk_ragged},
-                                 {"kv_take_bad", l_kv_take_bad}, {NULL, NULL}};
+                                 {"kv_take_bad", l_kv_take_bad}, {"kv_specialize", l_kv_specialize},
+                                 {"kv_last_variant", l_kv_last_variant}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
 }

@@ -21,6 +21,16 @@
 extern "C" {
 #endif
 
+/* Variants. A launcher whose descriptor equals one of builtin_layouts.h's
+ * (mla_layout_desc_same) may run a variant compiled for it with the
+ * descriptor as compile-time constants; any other descriptor, or
+ * specialization switched off, runs the generic kernel. Each launcher records
+ * what it ran ("generic" or the built-in's name; a static string). */
+int mla_cuda_kv_set_specialize(int on); /* returns the previous setting */
+int mla_cuda_kv_specialize(void);
+void mla_cuda_kv_note_variant(const char *name);
+const char *mla_cuda_kv_last_variant(void);
+
 /* Quantize-and-cache: token i (i < slots->n) goes to slot slots[i]; < 0 skipped. */
 cudaError_t mla_cuda_kv_write(const mla_kv_cache *c, const mla_kv_ivec *slots, const mla_kv_src_rows *src,
                               unsigned long long *bad, cudaStream_t s);
