@@ -96,6 +96,13 @@ describe("bench on the cpu", function()
     S.assert_error_contains(function() mla.bench(function() end, { max_noise = -1 }) end, "max_noise")
     S.assert_error_contains(function() mla.bench(42) end, "a function expected")
     S.assert_error_contains(function() mla.bench(function() end, { flush = "dirty" }) end, "flush must be")
+    S.assert_error_contains(function() mla.bench(function() end, { timer = "tsc" }) end, "timer must be")
+  end)
+
+  it("times with the monotonic clock on the cpu whatever GPU timer is asked for", function()
+    local r = mla.bench(function() end, { timer = "cupti", min_time = 0, max_time = 0.05 })
+    assert.equal("clock", r.timer)
+    assert.is_true(r.n >= 10)
   end)
 end)
 
@@ -237,6 +244,40 @@ describe("bench on the GPU #gpu", function()
     S.assert_error_contains(function()
       mla.bench(function() src:clone() end, { mode = "graph", graph_calls = 4 })
     end, "allocated device memory during graph capture")
+  end)
+
+  it("reads the GPU's activity timeline with timer='cupti', without the event pair's front-end time", function()
+    local ok, why = mla.core.cupti_available()
+    assert.is_true(ok, why)
+    local ev = mla.bench(copy, { name = "copy64M events", bytes = 2 * N, max_time = 5 })
+    local cu = mla.bench(copy, { name = "copy64M cupti", bytes = 2 * N, timer = "cupti", max_time = 5 })
+    print("\n" .. B.header() .. "\n" .. tostring(ev) .. "\n" .. tostring(cu))
+    assert.equal("cupti", cu.timer)
+    assert.truthy(table.concat(cu.flags, ","):find("cupti", 1, true))
+    -- the same copy: the timeline drops the launch processing inside the event pair, never adds to it
+    assert.is_true(cu.median <= ev.median * 1.01, string.format("cupti %.3g vs events %.3g", cu.median, ev.median))
+    assert.is_true(cu.median >= ev.median * 0.8, string.format("cupti %.3g vs events %.3g", cu.median, ev.median))
+    assert.is_true(cu.noise < 0.05, "noise " .. cu.noise)
+    -- tracing is off again: the event timer still works afterwards
+    assert.is_true(mla.bench(copy, { max_time = 1 }).n >= 10)
+  end)
+
+  it("times graph replays and kernels of our own with timer='cupti'", function()
+    local rows = 256
+    local s = mla.random_bytes({ rows, 4096 }, { device = "cuda", seed = 3 })
+    local d = mla.empty({ rows, 4096 + 128 }, "u8", "cuda"):narrow(1, 0, 4096) -- strided: copy_rows_kernel
+    local f = function() d:copy(s) end
+    local g = mla.bench(f, { mode = "graph", graph_calls = 20, timer = "cupti", max_time = 2 })
+    local cold = mla.bench(f, { timer = "cupti", max_time = 2 })
+    assert.equal(20, g.calls)
+    assert.is_true(g.median > 0 and g.median < 1e-4, "graph " .. g.median)
+    assert.is_true(cold.median > 0 and cold.median < 1e-3, "cold " .. cold.median)
+  end)
+
+  it("says so when the timed function launched nothing under timer='cupti'", function()
+    S.assert_error_contains(function() mla.bench(function() end, { timer = "cupti", max_time = 1 }) end,
+      "launched nothing on the GPU")
+    assert.is_true(mla.bench(copy, { max_time = 1 }).n >= 10)
   end)
 
   it("tells a faster kernel from a slower one on the device", function()

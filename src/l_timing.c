@@ -4,6 +4,7 @@
 #include "l_common.h"
 #include "mla_error.h"
 #include "timing.h"
+#include "timing_cupti.h"
 
 #define MLA_GRAPH_MT "mlalab.Graph"
 
@@ -35,10 +36,11 @@ static int opt_bool(lua_State *L, int t, const char *k, int def) {
   return v;
 }
 
-/* core.timing_begin(dev, {flush=true|"memset"|"clean"|false, block=true, clock="nvml"|"stamps"|"none", block_timeout=5}) */
+/* core.timing_begin(dev, {flush=true|"memset"|"clean"|false, block=true, clock="nvml"|"stamps"|"none", block_timeout=5,
+ *                         cupti=false}) */
 static int l_timing_begin(lua_State *L) {
   int dev = gpu_arg(L, 1);
-  mla_timing_opts o = {MLA_FLUSH_MEMSET, opt_bool(L, 2, "block", 1), MLA_CLOCK_NONE, 5.0};
+  mla_timing_opts o = {MLA_FLUSH_MEMSET, opt_bool(L, 2, "block", 1), MLA_CLOCK_NONE, 5.0, opt_bool(L, 2, "cupti", 0)};
   /* flush: true / "memset" (NVBench), "clean" (memset + read pass), false / "none" */
   if (mla_opt_field(L, 2, "flush") == LUA_TSTRING) {
     static const char *const kinds[] = {"none", "memset", "clean", NULL};
@@ -68,7 +70,34 @@ static int l_timing_end(lua_State *L) {
   lua_pushnumber(L, s.cpu_s), lua_setfield(L, -2, "cpu_s");
   if (s.sm_mhz > 0) lua_pushnumber(L, s.sm_mhz), lua_setfield(L, -2, "sm_mhz");
   lua_pushboolean(L, s.block_timed_out), lua_setfield(L, -2, "block_timed_out");
+  if (s.activities > 0) {
+    lua_pushnumber(L, s.span_s), lua_setfield(L, -2, "span_s");
+    lua_pushnumber(L, s.busy_s), lua_setfield(L, -2, "busy_s");
+    lua_pushinteger(L, (lua_Integer)s.activities), lua_setfield(L, -2, "activities");
+  }
   return 1;
+}
+
+/* core.cupti_open(): start reading the GPU's activity timeline (errors say why it cannot). */
+static int l_cupti_open(lua_State *L) {
+  if (mla_cupti_open()) return mla_lua_errorf(L, "cupti_open");
+  return 0;
+}
+
+static int l_cupti_close(lua_State *L) {
+  (void)L;
+  mla_cupti_close();
+  return 0;
+}
+
+/* core.cupti_available() -> true, or false and the reason */
+static int l_cupti_available(lua_State *L) {
+  const char *why = NULL;
+  int ok = mla_cupti_available(&why);
+  lua_pushboolean(L, ok);
+  if (ok) return 1;
+  lua_pushstring(L, why);
+  return 2;
 }
 
 static int l_timing_abort(lua_State *L) {
@@ -172,6 +201,7 @@ MLA_LUA_MODULE(timing) {
   static const luaL_Reg fns[] = {
     {"clock", l_clock}, {"sleep", l_sleep},
     {"timing_begin", l_timing_begin}, {"timing_end", l_timing_end}, {"timing_abort", l_timing_abort},
+    {"cupti_open", l_cupti_open}, {"cupti_close", l_cupti_close}, {"cupti_available", l_cupti_available},
     {"timing_info", l_timing_info}, {"sm_clock", l_sm_clock},
     {"graph_begin", l_graph_begin}, {"graph_end", l_graph_end}, {"graph_abort", l_graph_abort},
     {"memcpy_bandwidth", l_memcpy_bandwidth}, {"gemm_rate", l_gemm_rate},

@@ -12,6 +12,7 @@
 #include "device.h"
 #include "kernels/timing_kernels.h"
 #include "mla_error.h"
+#include "timing_cupti.h"
 
 #define MAX_DEV 16
 
@@ -183,6 +184,7 @@ int mla_timing_begin(int dev, const mla_timing_opts *o) {
       launched(dev, mla_cuda_l2_read(t->l2buf2, t->l2_bytes & ~(int64_t)15, t->sink, t->sm_count, s), "l2_read"))
     return -1;
   if (mla_device_sync(dev)) return -1;
+  if (o->cupti && mla_cupti_mark(dev)) return -1;
   t->opts = *o;
   t->cpu0 = mla_clock_now();
   if (o->block) {
@@ -235,6 +237,12 @@ int mla_timing_end(int dev, mla_timing_sample *out) {
   if (mla_cuda_check(cudaEventElapsedTime(&ms, t->ev0, t->ev1), "cudaEventElapsedTime")) return -1;
   out->gpu_s = ms * 1e-3;
   out->block_timed_out = t->opts.block && *t->tout_h;
+  if (t->opts.cupti) {
+    mla_cupti_span sp;
+    if (mla_cupti_collect(dev, &sp)) return -1;
+    if (sp.dropped) return mla_err("timer 'cupti': CUPTI dropped %lld activity records", (long long)sp.dropped);
+    out->span_s = sp.span_s, out->busy_s = sp.busy_s, out->activities = sp.count;
+  }
   if (t->opts.clock == MLA_CLOCK_STAMPS) {
     uint64_t dg = t->stamps_h[2] - t->stamps_h[0], dc = t->stamps_h[3] - t->stamps_h[1];
     mhz = dg > 0 ? (double)dc / (double)dg * 1e3 : 0; /* cycles per ns * 1000 = MHz */

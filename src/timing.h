@@ -35,6 +35,7 @@ typedef struct mla_timing_opts {
   int block;             /* queue the work behind the blocking kernel */
   mla_clock_source clock;
   double block_timeout;  /* seconds the blocker waits before releasing itself */
+  int cupti;             /* also read the GPU's activity timeline (timing_cupti.h; opened by the caller) */
 } mla_timing_opts;
 
 typedef struct mla_timing_sample {
@@ -42,6 +43,9 @@ typedef struct mla_timing_sample {
   double cpu_s;     /* host time from after the flush to after the final sync */
   double sm_mhz;    /* SM clock during the sample, 0 when unknown */
   int block_timed_out; /* the blocker released itself: the caller synchronized inside the sample */
+  double span_s;    /* cupti: first start to last end of the GPU activity inside the sample */
+  double busy_s;    /* cupti: sum of those activities' durations */
+  int64_t activities; /* cupti: kernels, copies and memsets seen */
 } mla_timing_sample;
 
 int mla_timing_begin(int dev, const mla_timing_opts *o);

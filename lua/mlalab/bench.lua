@@ -33,7 +33,7 @@ M.defaults = {
   mode = "cold", warmup = 1, min_samples = 10, max_noise = 0.005, min_time = 0.5, max_time = 15,
   max_samples = math.huge, plateau = true, blocking = true, block_timeout = 5, sync = false,
   throttle = 0.75, throttle_delay = 0.05, clock = "nvml", skip_time = 0, batch_time = 0.01, batch_min = 4,
-  batch_max = 256, reference = true,
+  batch_max = 256, reference = true, timer = "events",
 }
 local FLUSH_DEFAULT = { cold = "clean", hot = false, graph = false }
 
@@ -52,6 +52,7 @@ local function options(opts)
   if o.clock ~= "nvml" and o.clock ~= "stamps" and o.clock ~= "none" then
     error("bench: clock must be 'nvml', 'stamps' or 'none'", 3)
   end
+  if o.timer ~= "events" and o.timer ~= "cupti" then error("bench: timer must be 'events' or 'cupti'", 3) end
   o.device = o.device or mla.device()
   return o
 end
@@ -96,13 +97,21 @@ end
 
 local function gpu_sample(o, clock, launch, calls, block)
   local dev = o.device
-  core.timing_begin(dev, { flush = o.flush, block = block, clock = clock, block_timeout = o.block_timeout })
+  local cupti = o.timer == "cupti"
+  core.timing_begin(dev, { flush = o.flush, block = block, clock = clock, block_timeout = o.block_timeout, cupti = cupti })
   guarded(dev, launch)
   local s = core.timing_end(dev)
   if s.block_timed_out then
     error("bench: the blocking kernel released itself after " .. o.block_timeout .. " s: the function waited on "
       .. "the GPU (a sync, a copy to the host, t:get()) while the stream was blocked; pass sync=true, or move "
       .. "that work out of the timed function", 0)
+  end
+  if cupti then
+    if not s.activities then
+      error("bench: timer 'cupti' saw no kernel, copy or memset on " .. dev .. " inside the sample: the function "
+        .. "launched nothing on the GPU", 0)
+    end
+    return s.span_s / calls, s.sm_mhz
   end
   return s.gpu_s / calls, s.sm_mhz
 end
@@ -216,6 +225,7 @@ local function summarize(res, o)
   if res.noise and res.noise > 0.05 then flags[#flags + 1] = "noisy" end
   if res.dropped > 0 then flags[#flags + 1] = "throttled:" .. res.dropped end
   if res.sync_mode then flags[#flags + 1] = "MLALAB_SYNC:unblocked" end
+  if res.timer == "cupti" then flags[#flags + 1] = "cupti" end
   res.flags = flags
 end
 
@@ -225,13 +235,30 @@ end
 -- plateau=true, flush (cold: true; "memset", "clean", false), blocking=true, sync=false,
 -- block_timeout=5, throttle=0.75, throttle_delay=0.05, clock="nvml"|"stamps"|"none",
 -- skip_time=0, batch_time=0.01, batch_min=4, batch_max=256 (hot), graph_calls,
--- reference=true (measure memcpy / GEMM rates for the fractions), setup (untimed,
+-- reference=true (measure memcpy / GEMM rates for the fractions), timer="events" (the
+-- event pair, NVBench's) or "cupti" (the GPU's activity timeline: first start to
+-- last end of the kernels, copies and memsets inside the sample, as Nsight
+-- Systems and FlashMLA's benchmarks read it; without the ~1.5 us of front-end work
+-- an event pair brackets, bench/RESULTS.md), setup (untimed,
 -- before every sample), verbose, log=true (throttle messages on stderr).
+local bench_body
+
 function M.bench(fn, opts)
   if type(fn) ~= "function" then error("bench: a function expected", 2) end
   local o = options(opts)
+  if o.timer ~= "cupti" or o.device == "cpu" then return bench_body(fn, o) end
+  local ok, why = core.cupti_available()
+  if not ok then error("bench: timer 'cupti' needs CUPTI: " .. why, 2) end
+  core.cupti_open()
+  local done, res = pcall(bench_body, fn, o)
+  core.cupti_close()
+  if not done then error(res, 0) end
+  return res
+end
+
+bench_body = function(fn, o)
   local res = setmetatable({ name = o.name or "bench", device = o.device, mode = o.mode, samples = {}, dropped = 0,
-    calls = 1, opts = o }, Result)
+    calls = 1, opts = o, timer = o.device ~= "cpu" and o.timer or "clock" }, Result)
   local gpu = o.device ~= "cpu"
   local clock = o.clock
   local sync_env = os.getenv("MLALAB_SYNC")
@@ -258,7 +285,8 @@ function M.bench(fn, opts)
   local est = 0
   for _ = 1, math.max(1, o.warmup) do
     if gpu then
-      est = gpu_sample({ device = o.device, flush = o.flush, block_timeout = o.block_timeout }, "none", fn, 1, false)
+      est = gpu_sample({ device = o.device, flush = o.flush, block_timeout = o.block_timeout, timer = o.timer }, "none", fn,
+        1, false)
     else
       est = cpu_sampler(fn, 1)()
     end
@@ -283,7 +311,8 @@ function M.bench(fn, opts)
     local g = capture(o, fn, res.calls)
     res.graph_nodes = g:nodes()
     local launch = function() g:launch() end
-    gpu_sample({ device = o.device, flush = false, block_timeout = o.block_timeout }, "none", launch, 1, false)
+    gpu_sample({ device = o.device, flush = false, block_timeout = o.block_timeout, timer = o.timer }, "none", launch, 1,
+      false)
     local block = o.blocking and not o.sync
     sample = function() return gpu_sample(o, clock, launch, res.calls, block) end
     res._graph = g
@@ -362,7 +391,8 @@ function Result:summary()
   local out = {}
   for _, k in ipairs { "name", "device", "mode", "n", "median", "min", "max", "mean", "stdev", "noise", "q1", "q3",
     "total", "wall", "dropped", "calls", "stop", "clock_mhz", "default_mhz", "clock_source", "bytes", "flops", "gbs",
-    "tflops", "peak_gbs", "bw_util", "memcpy_gbs", "memcpy_frac", "gemm_tflops", "gemm_frac", "warmup_s", "skipped" } do
+    "tflops", "peak_gbs", "bw_util", "memcpy_gbs", "memcpy_frac", "gemm_tflops", "gemm_frac", "warmup_s", "skipped",
+    "timer" } do
     out[k] = self[k]
   end
   out.flags = self.flags and table.concat(self.flags, ",") or nil
