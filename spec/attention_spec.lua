@@ -316,6 +316,7 @@ describe("attention argument errors", function()
     err({ impl = "baked" }, "impl 'baked' runs on a GPU: the cache pages are on the CPU")
     err({ colour = 1 }, "unknown option 'colour'")
     err({ cache = case.view.pages }, "cache must be a cache view")
+    err({ specialize = "no" }, "specialize must be a boolean")
   end)
 
   it("asks for the per-tensor scale of an fp8_pertensor cache given as bare pages", function()
@@ -499,5 +500,108 @@ describe("attention baked kernels", function()
     local out, lse = run(case, "baked", { check = false })
     assert.equal(math.huge, lse:to("cpu"):get({ 0, 0, 0 }))
     assert.equal(0, out:to("f32"):to("cpu"):get({ 0, 0, 0, 7 }))
+  end)
+end)
+
+-- The compile-time-specialized kernels (src/kernels/attn_fused_spec.cuh) serve 16-row tiles of a cache
+-- whose descriptor equals (for reading) a built-in fp8 layout's; specialize = false forces the generic
+-- kernel. Both must match the reference on every fp8 built-in, dense and sparse, with one split and
+-- through the combine, and the plan and mla.attention.last_variant() must name what ran.
+local SPEC_VARIANT = { fp8_pertensor = "fp8_pertensor", fp8_ds_mla = "fp8_ds_mla", fp8_ds_mla_amax = "fp8_ds_mla",
+  fp8_v4 = "fp8_v4", fp8_v4_vllm = "fp8_v4" }
+local SPEC_LAYOUTS = { "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_v4", "fp8_v4_vllm" }
+
+describe("attention baked specialized kernels", function()
+  S.on_device("cuda", before_each, after_each)
+
+  local function both(case, opts, preset, want)
+    local seen = {}
+    for _, spec in ipairs { true, false } do
+      local o = {}
+      for k, v in pairs(opts) do o[k] = v end
+      o.specialize = spec
+      local out, lse, plan = run(case, "baked", o)
+      local expect = spec and want or "generic"
+      assert.equal(expect, plan.variant)
+      assert.equal(expect, mla.attention.last_variant())
+      assert.equal(16, plan.rows_per_cta)
+      local ro = {}
+      for k, v in pairs(opts) do ro[k] = v end
+      ro.splits = nil
+      if ro.sink then ro.sink = ro.sink:to("cpu") end
+      against_ref(case, ro, out, lse, preset)
+      seen[#seen + 1] = { out = out:to({ dtype = "f32", device = "cpu" }), plan = plan }
+    end
+    return seen
+  end
+
+  it("dense decode on every fp8 built-in: specialized and generic both match the reference #gpu", function()
+    local n = 0
+    for k, name in ipairs(SPEC_LAYOUTS) do
+      mla.manual_seed(800 + k)
+      local case = C.dense { layout = name, b = 4, s_q = 1, h_q = 16, lens = { 300, 0, 1100, 64 }, tensor_scale = 0.5 }
+      for _, splits in ipairs { 1, 0 } do
+        local seen = both(case, { splits = splits }, DENSE_OUT, SPEC_VARIANT[name])
+        if splits == 0 then assert.is_true(seen[1].plan.splits > 1) end -- the combine path too
+        n = n + 1
+      end
+      local _, lse = run(case, "baked")
+      assert.equal(math.huge, lse:to("cpu"):get({ 1, 3, 0 })) -- the zero-length request
+    end
+    assert.equal(2 * #SPEC_LAYOUTS, n)
+  end)
+
+  it("sparse decode (-1 holes, an all -1 row, topk_len, sink) on every fp8 built-in, both kernels #gpu", function()
+    for k, name in ipairs(SPEC_LAYOUTS) do
+      mla.manual_seed(850 + k)
+      local h_q = k % 2 == 1 and 16 or 8 -- 8 heads: half of the 16-row tile is empty
+      local case = C.sparse { layout = name, b = 3, s_q = 2, h_q = h_q, topk = 192, pool = 700, invalid = 0.2,
+        empty_rows = { { 1, 1 } }, topk_len = { 192, 77, 130 }, block_size = 64, tensor_scale = 0.25 }
+      local sink = mla.randn({ h_q }, { device = "cuda" })
+      for _, splits in ipairs { 1, 3 } do
+        both(case, { scale = case.layout.k_dims ^ -0.55, sink = sink, splits = splits }, SPARSE_OUT, SPEC_VARIANT[name])
+      end
+      local _, lse = run(case, "baked", { scale = case.layout.k_dims ^ -0.55 })
+      assert.equal(math.huge, lse:to("cpu"):get({ 1, 0, 1 }))
+    end
+  end)
+
+  it("causal MTP (s_q 2 x h_q 8 = 16 rows), a padded view and strided q on the specialized kernels #gpu", function()
+    for k, name in ipairs { "fp8_ds_mla", "fp8_v4", "fp8_pertensor" } do
+      mla.manual_seed(870 + k)
+      local case = C.dense { layout = name, b = 3, s_q = 2, h_q = 8, lens = { 700, 1, 129 }, q_pad = true,
+        page_pad = name == "fp8_v4" and 576 or 656, tensor_scale = 2.0 }
+      assert.is_false(case.q:is_contiguous())
+      both(case, {}, DENSE_OUT, SPEC_VARIANT[name])
+      local _, lse = run(case, "baked")
+      assert.equal(math.huge, lse:to("cpu"):get({ 1, 5, 0 })) -- s_k = 1: the first query sees nothing
+    end
+  end)
+
+  it("a layer of a block-major cross-layer cache (NaN neighbours) on the specialized kernels #gpu", function()
+    for k, name in ipairs { "fp8_ds_mla", "fp8_v4" } do
+      mla.manual_seed(880 + k)
+      local case = C.dense { layout = name, b = 2, s_q = 1, h_q = 16, lens = { 700, 260 }, num_layers = 3, layer = 1,
+        order = "block_major" }
+      assert.is_false(case.view.pages:is_contiguous())
+      both(case, {}, DENSE_OUT, SPEC_VARIANT[name])
+    end
+  end)
+
+  it("are chosen by descriptor equality, not by name: a renamed copy is served, other descriptors are not #gpu", function()
+    local base = mla.layout.get("fp8_ds_mla")
+    local cases = {
+      { L = base:with { name = "ds_mla_renamed" }, bs = 64, want = "fp8_ds_mla" },
+      { L = base:with { name = "ds_mla_g64", scale = { nope = { group = 64 } } }, bs = 64, want = "generic" },
+      { L = base, bs = 32, want = "generic" }, -- built-in descriptors are compiled at block_size 64
+    }
+    for k, c in ipairs(cases) do
+      mla.manual_seed(890 + k)
+      local case = C.dense { layout = c.L, b = 2, s_q = 1, h_q = 16, lens = { 500, 90 }, block_size = c.bs }
+      local out, lse, plan = run(case, "baked")
+      assert.equal(c.want, plan.variant)
+      assert.equal(c.want, mla.attention.last_variant())
+      against_ref(case, {}, out, lse, DENSE_OUT)
+    end
   end)
 end)

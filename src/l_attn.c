@@ -3,7 +3,9 @@
  *   core.attn_decode_ref(opts)            (CPU reference, CPU tensors)
  * opts: layout (packed descriptor), pages, tensor_scale?, q, block_table +
  * cache_lens (+ causal) or indices (+ topk_len), sink?, scale, out, lse,
- * check (validate index values on the host), splits (baked, 0 = auto).
+ * check (validate index values on the host), splits (baked, 0 = auto),
+ * specialize (baked, default true; false forces the generic kernel).
+ *   core.attn_last_variant() -> "generic" | built-in layout name | "none"
  * lua/mlalab/attention.lua allocates outputs and gives friendlier errors;
  * every rule is enforced here too, so no call can crash. */
 #include <math.h>
@@ -91,7 +93,7 @@ typedef struct decode_in {
   mla_cache_view v;
   mla_attn_args a;
   mla_tensor *bt, *lens, *idx, *tlen, *out, *lse;
-  int check, splits;
+  int check, splits, specialize;
 } decode_in;
 
 /* Reads and checks every option; outputs must be `out_dt` (MLA_DTYPE_COUNT: bf16 or f32). */
@@ -175,6 +177,10 @@ static void read_inputs(call *c, decode_in *in, mla_dtype out_dt) {
   lua_getfield(L, 1, "splits");
   in->splits = lua_isnil(L, -1) ? 0 : (int)luaL_checkinteger(L, -1);
   if (in->splits < 0 || in->splits > 4096) lerrf(L, "%s: splits = %d must be 0 (automatic) to 4096", c->fn, in->splits);
+  lua_getfield(L, 1, "specialize");
+  if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+    lerrf(L, "%s: specialize must be a boolean (false forces the generic kernel), got a %s", c->fn, luaL_typename(L, -1));
+  in->specialize = lua_isnil(L, -1) ? 1 : lua_toboolean(L, -1);
 }
 
 /* Host check of the index values; returns the most keys any problem has. */
@@ -227,18 +233,26 @@ static int l_attn_decode(lua_State *L) {
   if (in.check) max_keys = check_values(&c, &in);
   mla_attn_plan plan;
   memset(&plan, 0, sizeof plan);
-  if (mla_cuda_attn_decode(in.d, &in.v, &in.a, max_keys, in.splits, (void *)data_of(&c, in.out),
+  if (mla_cuda_attn_decode(in.d, &in.v, &in.a, max_keys, in.splits, in.specialize, (void *)data_of(&c, in.out),
                            (float *)data_of(&c, in.lse), c.dev, &plan))
     return mla_lua_errorf(L, c.fn);
-  lua_createtable(L, 0, 7);
+  lua_createtable(L, 0, 8);
   set_int(L, "splits", plan.splits), set_int(L, "rows_per_cta", plan.rows_per_cta), set_int(L, "ctas", plan.ctas);
   set_int(L, "stages", plan.stages), set_int(L, "ctas_per_sm", plan.ctas_per_sm), set_int(L, "smem", plan.smem);
   lua_pushboolean(L, plan.identity), lua_setfield(L, -2, "identity");
+  lua_pushstring(L, plan.variant ? plan.variant : "generic"), lua_setfield(L, -2, "variant");
+  return 1;
+}
+
+/* core.attn_last_variant() -> what the last baked launch ran ("generic", a built-in layout's name, "none") */
+static int l_attn_last_variant(lua_State *L) {
+  lua_pushstring(L, mla_attn_last_variant());
   return 1;
 }
 
 MLA_LUA_MODULE(attn) {
   static const luaL_Reg fns[] = {{"attn_decode", l_attn_decode}, {"attn_decode_ref", l_attn_decode_ref},
-                                 {"attn_check", l_attn_check}, {NULL, NULL}};
+                                 {"attn_check", l_attn_check}, {"attn_last_variant", l_attn_last_variant},
+                                 {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
 }

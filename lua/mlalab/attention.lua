@@ -20,8 +20,13 @@
 -- with no key gets lse = +inf and a zero output. Options: out=, lse=
 -- (preallocated outputs), check = true (index values checked on the host,
 -- which costs a device-to-host copy: pass false when timing), splits = 0
--- (baked: automatic from the SM count and the batch). The third result of
--- the baked path is its plan (splits, rows per CTA, stages, ...).
+-- (baked: automatic from the SM count and the batch), specialize = true
+-- (baked: a cache whose descriptor equals a built-in fp8 layout's, read with
+-- 16-row tiles, runs that layout's compile-time-specialized kernel; false
+-- forces the generic, descriptor-driven kernel). The third result of the
+-- baked path is its plan (splits, rows per CTA, stages, variant = "generic"
+-- or the built-in layout's name, ...); M.last_variant() names what the last
+-- baked launch ran.
 local mla = require "mlalab"
 local core = mla.core
 local layout = require "mlalab.layout"
@@ -38,7 +43,7 @@ end
 
 local KNOWN = { q = 1, cache = 1, pages = 1, layout = 1, block_size = 1, tensor_scale = 1, block_table = 1,
   cache_lens = 1, causal = 1, indices = 1, topk_len = 1, sink = 1, scale = 1, impl = 1, out = 1, lse = 1, check = 1,
-  splits = 1 }
+  splits = 1, specialize = 1 }
 
 -- The cache: a view table from cache:view(i), or pages + layout (+ block_size, tensor_scale).
 local function resolve_cache(o)
@@ -127,6 +132,9 @@ function M.prepare(o)
   if not sparse and (o.block_table == nil or o.cache_lens == nil) then
     fail("dense decode needs block_table and cache_lens; sparse decode needs indices")
   end
+  if o.specialize ~= nil and type(o.specialize) ~= "boolean" then
+    fail("specialize must be a boolean (false forces the generic kernel), got a %s", type(o.specialize))
+  end
   if sparse and o.causal then fail("causal applies to dense decode; sparse queries see exactly their indices") end
   if not sparse and o.topk_len ~= nil then fail("topk_len applies to sparse decode (with indices)") end
   local scale = o.scale or 1 / math.sqrt(L.k_dims)
@@ -144,7 +152,7 @@ function M.prepare(o)
     cache_lens = index_tensor(o.cache_lens, "cache_lens", device),
     sink = float_tensor(o.sink, "sink", device),
     causal = not sparse and (o.causal == nil or o.causal == true),
-    check = o.check, splits = o.splits,
+    check = o.check, splits = o.splits, specialize = o.specialize,
   }
   local out_dt = impl == "ref" and "f32" or "bf16"
   a.out = o.out or core.empty({ b, s_q, h_q, L.v_dims }, { dtype = out_dt, device = device })
@@ -183,6 +191,9 @@ function M.decode(o)
   run_jit(a, info)
   return a.out, a.lse
 end
+
+--- What the last baked launch ran: "generic", a built-in layout's name, or "none".
+function M.last_variant() return core.attn_last_variant() end
 
 -- FLOPs and bytes of a call: mlalab.attention_bench (cost).
 

@@ -57,7 +57,7 @@ end
 function M.run(p, bench_opts)
   local case = M.case(p)
   local a, info = A.prepare(C.args(case, { impl = p.impl or "baked", check = false, splits = p.splits,
-    scale = p.kind == "sparse" and case.layout.k_dims ^ -0.55 or nil }))
+    specialize = p.specialize, scale = p.kind == "sparse" and case.layout.k_dims ^ -0.55 or nil }))
   local flops, bytes, keys = M.cost(case)
   local fn, plan
   if info.impl == "baked" then
@@ -78,14 +78,15 @@ function M.run(p, bench_opts)
 end
 
 function M.name(p)
+  local gen = p.specialize == false and " gen" or ""
   if p.kind == "sparse" then
-    return string.format("sparse %s b%d s%d h%d k%d", p.layout, p.b, p.s_q or 1, p.h_q, p.topk)
+    return string.format("sparse %s b%d s%d h%d k%d%s", p.layout, p.b, p.s_q or 1, p.h_q, p.topk, gen)
   end
-  return string.format("dense %s b%d s%d h%d L%d", p.layout, p.b, p.s_q or 1, p.h_q, p.len)
+  return string.format("dense %s b%d s%d h%d L%d%s", p.layout, p.b, p.s_q or 1, p.h_q, p.len, gen)
 end
 
 local COLS = { { "case", 34 }, { "impl", 5 }, { "median", 10 }, { "noise", 6 }, { "GB/s", 7 }, { "%memcpy", 7 },
-  { "TFLOPS", 7 }, { "%gemm", 6 }, { "splits", 6 }, { "rows", 4 }, { "st", 2 }, { "flags", 14 } }
+  { "TFLOPS", 7 }, { "%gemm", 6 }, { "splits", 6 }, { "rows", 4 }, { "st", 2 }, { "variant", 13 }, { "flags", 14 } }
 
 local function pad(s, w)
   s = tostring(s)
@@ -105,7 +106,7 @@ function M.row(r)
   local pl = r.plan or {}
   local cells = { r.name, r.point.impl or "baked", mla.bench_mod.fmt_time(r.median), pct(r.noise),
     r.gbs and string.format("%.0f", r.gbs) or "-", pct(r.memcpy_frac), r.tflops and string.format("%.1f", r.tflops) or "-",
-    pct(r.gemm_frac), pl.splits or "-", pl.rows_per_cta or "-", pl.stages or "-", table.concat(r.flags or {}, ",") }
+    pct(r.gemm_frac), pl.splits or "-", pl.rows_per_cta or "-", pl.stages or "-", pl.variant or "-", table.concat(r.flags or {}, ",") }
   local t = {}
   for i, c in ipairs(COLS) do t[#t + 1] = pad(cells[i], c[2]) end
   return table.concat(t, " ")

@@ -7,7 +7,9 @@
 #include <string.h>
 
 #include "attn_decode_kernel.cuh"
+#include "attn_fused_spec.cuh"
 #include "device.h"
+#include "mla/layout_match.h"
 #include "mla_error.h"
 
 namespace {
@@ -72,7 +74,41 @@ int stages_within(int mr, int dqk, int identity, int pitch, int64_t budget) {
   return 0;
 }
 
+// Compile-time-specialized variants of the 16-row staged path (attn_fused_spec.cuh),
+// chosen by descriptor equality (for reading) with a built-in layout.
+struct spec_variant {
+  const char *name;
+  const mla_layout_desc *desc;
+  const void *fn;
+};
+template <class LS> spec_variant variant_of() {
+  return {LS::name, &LS::host, (const void *)mla_attn_spec::attn_decode_spec_kernel<LS>};
+}
+const spec_variant *find_variant(const mla_layout_desc &d, const params &p) {
+  static const spec_variant all[] = {variant_of<mla_attn_spec::spec_fp8_pertensor>(),
+                                     variant_of<mla_attn_spec::spec_fp8_ds_mla>(), variant_of<mla_attn_spec::spec_fp8_v4>()};
+  for (const spec_variant &v : all) {
+    if (!mla_layout_desc_same(&d, v.desc, 1)) continue;
+    // the view must allow the variant's copies (alignment of base, strides) and its stage rows
+    if (p.stage_pitch != mla_attn_spec::stage_pitch(*v.desc)) return nullptr;
+    for (int r = 0; r < d.nregions; r++)
+      if (p.reg_gran[r] < mla_attn_spec::region_gran(*v.desc, r)) return nullptr;
+    return &v;
+  }
+  return nullptr;
+}
+
+int spec_stages_within(int dqk, int pitch, int64_t budget) {
+  for (int n = 4; n >= 2; n--)
+    if (mla_attn_spec::make_spec_smem(dqk, pitch, n).total <= budget) return n;
+  return 0;
+}
+
+const char *last_variant = "none";
+
 } // namespace
+
+extern "C" const char *mla_attn_last_variant(void) { return last_variant; }
 
 extern "C" int mla_attn_baked_supports(const mla_layout_desc *d, const mla_attn_args *a) {
   if (a->d_qk != 512 && a->d_qk != 576)
@@ -85,7 +121,8 @@ extern "C" int mla_attn_baked_supports(const mla_layout_desc *d, const mla_attn_
 }
 
 extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_view *v, const mla_attn_args *a,
-                                    int64_t max_keys, int splits, void *out, float *lse, int dev, mla_attn_plan *plan) {
+                                    int64_t max_keys, int splits, int specialize, void *out, float *lse, int dev,
+                                    mla_attn_plan *plan) {
   if (mla_attn_baked_supports(d, a) != 1) return -1;
   if (mla_device_use(dev)) return -1;
   cudaStream_t stream = mla_device_stream(dev);
@@ -129,16 +166,26 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   // shapes overlap one CTA's math with the other's loads), one for 64 rows.
   int per_sm = 0;
   cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-  int ctas_per_sm = mr <= 32 ? 2 : 1;
-  int nst = ctas_per_sm == 2 ? stages_within(mr, dqk, p.identity, p.stage_pitch, per_sm / 2 - 1024) : 0;
-  if (!nst) ctas_per_sm = 1, nst = stages_within(mr, dqk, p.identity, p.stage_pitch, props.max_smem_optin);
-  if (!nst)
-    return mla_err("the decode tile for %d rows and %lld-byte token rows needs %d bytes of shared memory, the device "
-                   "offers %d; use impl='jit' or 'ref'", mr, (long long)pitch, smem_total(mr, dqk, p.identity, p.stage_pitch, 2),
-                   props.max_smem_optin);
+  const spec_variant *sv = specialize && mr == 16 && !p.identity ? find_variant(*d, p) : nullptr;
+  int ctas_per_sm = mr <= 32 ? 2 : 1, nst = 0, smem = 0;
+  const void *fn = nullptr;
+  if (sv) {
+    nst = spec_stages_within(dqk, p.stage_pitch, per_sm / 2 - 1024);
+    if (!nst) ctas_per_sm = 1, nst = spec_stages_within(dqk, p.stage_pitch, props.max_smem_optin);
+    if (nst) smem = mla_attn_spec::make_spec_smem(dqk, p.stage_pitch, nst).total, fn = sv->fn;
+    else sv = nullptr, ctas_per_sm = 2; // cannot happen on sm_80+; the generic path decides
+  }
+  if (!sv) {
+    nst = ctas_per_sm == 2 ? stages_within(mr, dqk, p.identity, p.stage_pitch, per_sm / 2 - 1024) : 0;
+    if (!nst) ctas_per_sm = 1, nst = stages_within(mr, dqk, p.identity, p.stage_pitch, props.max_smem_optin);
+    if (!nst)
+      return mla_err("the decode tile for %d rows and %lld-byte token rows needs %d bytes of shared memory, the device "
+                     "offers %d; use impl='jit' or 'ref'", mr, (long long)pitch, smem_total(mr, dqk, p.identity, p.stage_pitch, 2),
+                     props.max_smem_optin);
+    smem = smem_total(mr, dqk, p.identity, p.stage_pitch, nst);
+    fn = kernel_for(mr, dqk);
+  }
   p.nstages = nst;
-  const int smem = smem_total(mr, dqk, p.identity, p.stage_pitch, nst);
-  const void *fn = kernel_for(mr, dqk);
   if (mla_cuda_check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "attn_decode: shared memory size"))
     return -1;
 
@@ -161,10 +208,11 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   p.out = (uint16_t *)out, p.lse = lse;
 
   dim3 grid((unsigned)ctas, (unsigned)ns);
-  const int nt = threads_for(mr);
+  const int nt = sv ? mla_attn_spec::NT : threads_for(mr);
   void *args[] = {&p};
   cudaError_t e = cudaLaunchKernel(fn, grid, dim3(nt), args, (size_t)smem, stream);
   int rc = e != cudaSuccess ? mla_cuda_check(e, "launch of kernel attn_decode") : mla_launch_check(dev, "attn_decode");
+  last_variant = sv ? sv->name : "generic";
   if (!rc && ns > 1) {
     combine_params c;
     c.o_acc = p.o_acc, c.lse_acc = p.lse_acc, c.nsplits = ns, c.rows = (int)rows, c.problems = (int)problems;
@@ -176,6 +224,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   if (plan) {
     plan->splits = ns, plan->rows_per_cta = mr, plan->ctas = (int)(ctas * ns), plan->stages = nst;
     plan->ctas_per_sm = ctas_per_sm, plan->identity = p.identity, plan->smem = smem;
+    plan->variant = sv ? sv->name : "generic";
   }
   return rc;
 }

@@ -22,6 +22,7 @@ typedef struct mla_attn_plan {
   int ctas_per_sm;
   int identity;      /* K rows copied as bf16 without a dequant pass */
   int64_t smem;      /* dynamic shared memory per CTA */
+  const char *variant; /* "generic", or the built-in layout whose compile-time-specialized kernel ran */
 } mla_attn_plan;
 
 /* 1 if the baked kernels handle this shape (d_qk 512 or 576, d_v 512),
@@ -33,9 +34,15 @@ int mla_attn_baked_supports(const mla_layout_desc *d, const mla_attn_args *a);
  * bounds the keys of one problem (sizes the split count); splits = 0 picks
  * the count from the SM count and the batch. Out-of-range pages or slots are
  * treated as missing keys (the caller checks values beforehand).
+ * specialize = 1 lets a descriptor equal (for reading) to a built-in fp8
+ * layout's run that layout's compile-time-specialized kernel (16-row tiles);
+ * 0 forces the generic, descriptor-driven kernel.
  * Returns 0, or -1 with mla_err. */
 int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_view *v, const mla_attn_args *a, int64_t max_keys,
-                         int splits, void *out, float *lse, int dev, mla_attn_plan *plan);
+                         int splits, int specialize, void *out, float *lse, int dev, mla_attn_plan *plan);
+
+/* What the last launch ran: "generic", a built-in layout's name, or "none". */
+const char *mla_attn_last_variant(void);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,453 @@
+// Compile-time-specialized decode kernel for the memory-bound shape: 16 query
+// rows per CTA on a staged (non-bf16) layout whose descriptor equals one of the
+// built-in descriptors (kernels_rtc/include/mla/builtin_layouts.h, selected by
+// mla_layout_desc_same in attn_decode.cu, never by name). The descriptor is a
+// compile-time constant here, so staging (region copies) and conversion (field,
+// dtype, scale position of every 8-dim chunk) are straight-line code with
+// immediate offsets: no chunk plans, no per-chunk dispatch. Page / token
+// strides, region base offsets of the view and the tensor scale stay runtime.
+//
+// Per 32-key tile (3 CTA barriers):
+//   1. cp.async of the tile's token rows (8 threads per row, 16-byte copies);
+//   2. warp (tg, half) rebuilds tokens tg*8.. x dims of its half straight into
+//      mma B fragments (as the generic fused path does), S partials of the two
+//      dim halves go to shared memory, V dims to the bf16 V tile;
+//   3. softmax row-wise: warp w owns rows 2w, 2w + 1 (lane = key), keeps their
+//      running max and sum in registers; P (bf16) and the rescale factors to
+//      shared memory;
+//   4. O = alpha O + P V, each warp 64 output dims.
+// Semantics are the generic kernel's: same dequantization (fp32 product
+// rounded once to bf16), P rounded to bf16 before P V, same outputs.
+#ifndef MLA_ATTN_FUSED_SPEC_CUH
+#define MLA_ATTN_FUSED_SPEC_CUH
+
+#include <utility>
+
+#include "attn_decode_kernel.cuh"
+#include "mla/builtin_layouts.h"
+
+namespace mla_attn_spec {
+
+using mla_attn::BN;
+using mla_attn::DV;
+using mla_attn::params;
+
+constexpr int NW = 8, NT = NW * 32, MR = 16;
+constexpr int PP = BN + 8;   // P pitch (bf16)
+constexpr int VP = DV + 8;   // V tile pitch (bf16): rows 16 B apart mod 128 for ldmatrix
+constexpr int SP = BN + 8;   // S partial pitch (f32): float2 stores of 4 rows x 4 lanes hit distinct banks
+
+enum spec_kind { SK_ZERO, SK_COPY, SK_FP8_ONE, SK_FP8_TENSOR, SK_FP8_F32, SK_FP8_UE8M0, SK_BAD };
+
+struct spec_chunk {
+  int kind, src, scale_src, esize;
+};
+
+// Byte offset of region r's token row in a stage row (the launcher's rule: rows rounded to 16).
+__host__ __device__ constexpr int stage_off(const mla_layout_desc &d, int r) {
+  int o = 0;
+  for (int k = 0; k < r && k < MLA_LAYOUT_MAX_REGIONS; k++) o += (d.region_row_bytes[k] + 15) / 16 * 16;
+  return o;
+}
+
+// Stage pitch: all regions, padded to 32 bytes past a multiple of 128 (the fused path's rule).
+__host__ __device__ constexpr int stage_pitch(const mla_layout_desc &d) {
+  const int o = stage_off(d, d.nregions);
+  return o + (32 - o % 128 + 128) % 128;
+}
+
+// cp.async size for region r of a spec (the row bytes allow it; the launcher checks the view).
+__host__ __device__ constexpr int region_gran(const mla_layout_desc &d, int r) {
+  return d.region_row_bytes[r] % 16 == 0 ? 16 : d.region_row_bytes[r] % 8 == 0 ? 8 : d.region_row_bytes[r] % 4 == 0 ? 4 : 1;
+}
+
+// How dims [d0, d0 + 8) are rebuilt from a stage row.
+__host__ __device__ constexpr spec_chunk chunk_at(const mla_layout_desc &d, int d0) {
+  for (int f = 0; f < d.nfields && f < MLA_LAYOUT_MAX_FIELDS; f++) {
+    const mla_layout_field &fd = d.fields[f];
+    if (fd.role != MLA_FIELD_DATA || d0 < fd.dim_lo || d0 >= fd.dim_lo + fd.count) continue;
+    if (d0 + 8 > fd.dim_lo + fd.count) return {SK_BAD, 0, 0, 0};
+    const int e = d0 - fd.dim_lo;
+    const int base = stage_off(d, fd.region) + fd.byte_off;
+    if (fd.dtype == MLA_BF16) {
+      if (fd.scale_kind != MLA_SCALE_NONE || (base + 2 * e) % 16) return {SK_BAD, 0, 0, 0};
+      return {SK_COPY, base + 2 * e, -1, 2};
+    }
+    if (fd.dtype != MLA_E4M3 || (base + e) % 8) return {SK_BAD, 0, 0, 0};
+    if (fd.scale_kind == MLA_SCALE_NONE) return {SK_FP8_ONE, base + e, -1, 1};
+    if (fd.scale_kind == MLA_SCALE_TENSOR) return {SK_FP8_TENSOR, base + e, -1, 1};
+    if (e / fd.group != (e + 7) / fd.group) return {SK_BAD, 0, 0, 0};
+    const int ss = stage_off(d, fd.scale_region) + fd.scale_off;
+    if (fd.scale_dtype == MLA_F32) {
+      const int at = ss + (e / fd.group) * 4;
+      return at % 4 ? spec_chunk{SK_BAD, 0, 0, 0} : spec_chunk{SK_FP8_F32, base + e, at, 1};
+    }
+    if (fd.scale_dtype == MLA_UE8M0) return {SK_FP8_UE8M0, base + e, ss + e / fd.group, 1};
+    return {SK_BAD, 0, 0, 0};
+  }
+  return {SK_ZERO, 0, -1, 0};
+}
+
+// The specialized kernel's assumptions: K of 512 or 576 dims, V = 512, every
+// run of 4 chunks (lanes t4 = 0..3 of a quad) of one kind with one scale and
+// contiguous bytes, at most two regions, region rows copyable by cp.async.
+__host__ __device__ constexpr bool spec_ok(const mla_layout_desc &d) {
+  if ((d.k_dims != 512 && d.k_dims != 576) || d.v_dims != DV || d.nregions < 1 || d.nregions > 2) return false;
+  if (d.region_row_bytes[0] % 16 || (d.nregions == 2 && d.region_row_bytes[1] % 4)) return false;
+  for (int c = 0; c < d.k_dims / 8; c += 4) {
+    const spec_chunk a = chunk_at(d, c * 8);
+    if (a.kind == SK_BAD) return false;
+    for (int t = 1; t < 4; t++) {
+      const spec_chunk b = chunk_at(d, (c + t) * 8);
+      if (b.kind != a.kind || b.scale_src != a.scale_src || (a.kind != SK_ZERO && b.src != a.src + t * 8 * a.esize))
+        return false;
+    }
+  }
+  return true;
+}
+
+// Shared-memory plan (host and device agree).
+struct spec_smem {
+  int q, p, stages, vb, s_part, alpha, m_fin, l_fin, tok_page, tok_off, total;
+};
+template <int DQK> __host__ __device__ constexpr int qfrag_pair_bytes() { return DQK / 8 * 32 + 16; }
+
+__host__ __device__ inline spec_smem make_spec_smem(int dqk, int pitch, int nstages) {
+  spec_smem s{};
+  int o = 0;
+  auto take = [&](int bytes) {
+    const int at = o;
+    o += (bytes + 15) / 16 * 16;
+    return at;
+  };
+  s.q = take(8 * (dqk / 8 * 32 + 16));
+  s.p = take(MR * PP * 2);
+  s.stages = take(nstages * BN * pitch);
+  s.vb = take(BN * VP * 2);
+  s.s_part = take(2 * MR * SP * 4);
+  s.alpha = take(MR * 4);
+  s.m_fin = take(MR * 4);
+  s.l_fin = take(MR * 4);
+  s.tok_page = take(nstages * BN * 4);
+  s.tok_off = take(nstages * BN * 4);
+  s.total = o;
+  return s;
+}
+
+// The built-in layouts: a __device__ constexpr descriptor and a class naming it
+// (the lead's pattern: a reference template parameter to a __device__ variable
+// does not survive the host stub). Only the read-distinct fp8 layouts get a
+// kernel (fp8_ds_mla_amax and fp8_v4_vllm read the same bytes the same way).
+#define MLA_ATTN_SPEC_DEF(n, init)                                                                                    \
+  __device__ constexpr mla_layout_desc dev_##n = init;                                                              \
+  struct spec_##n {                                                                                                 \
+    static constexpr mla_layout_desc host = init;                                                                   \
+    static constexpr const char *name = #n;                                                                         \
+    static __device__ __forceinline__ const mla_layout_desc &d() { return dev_##n; }                                \
+  };
+MLA_ATTN_SPEC_DEF(fp8_pertensor, MLA_BUILTIN_DESC_fp8_pertensor)
+MLA_ATTN_SPEC_DEF(fp8_ds_mla, MLA_BUILTIN_DESC_fp8_ds_mla)
+MLA_ATTN_SPEC_DEF(fp8_v4, MLA_BUILTIN_DESC_fp8_v4)
+#undef MLA_ATTN_SPEC_DEF
+
+static_assert(spec_ok(spec_fp8_pertensor::host) && spec_ok(spec_fp8_ds_mla::host) && spec_ok(spec_fp8_v4::host),
+              "built-in fp8 layouts fit the specialized decode kernel");
+
+template <int... J, class F> __device__ __forceinline__ void static_for_(std::integer_sequence<int, J...>, F &&f) {
+  (f(std::integral_constant<int, J>{}), ...);
+}
+template <int N, class F> __device__ __forceinline__ void static_for(F &&f) {
+  static_for_(std::make_integer_sequence<int, N>{}, f);
+}
+
+// Starts the copies of one tile: 8 threads per token row, compile-time chunk
+// counts and offsets; missing keys become zero rows (zero-fill).
+template <class LS>
+__device__ __forceinline__ void issue_tile(const params &p, unsigned char *stage, const int *pg, const int *of) {
+  constexpr mla_layout_desc D = LS::host;
+  constexpr int PITCH = stage_pitch(D);
+  const int tid = threadIdx.x, n = tid >> 3, j = tid & 7;
+  const int page = pg[n];
+  const bool ok = page >= 0;
+  const unsigned char *base = p.v.base;
+  const unsigned char *page_base = base + (ok ? (int64_t)page * p.v.page_stride : 0);
+  const int off = of[n];
+  const uint32_t dst = mla::smem_addr(stage + n * PITCH);
+  {
+    constexpr int NC = D.region_row_bytes[0] / 16;
+    constexpr int64_t RO = D.region_off[0];
+    const unsigned char *row = ok ? page_base + RO + (int64_t)off * p.v.token_stride + j * 16 : base;
+    const int sz = ok ? 16 : 0;
+#pragma unroll
+    for (int k = 0; k < (NC + 7) / 8; k++)
+      if (k < NC / 8 || j + 8 * k < NC) mla::cp_async16(dst + (j + 8 * k) * 16, ok ? row + k * 128 : base, sz);
+  }
+  if constexpr (D.nregions == 2) {
+    constexpr int R1 = D.region_row_bytes[1], G = region_gran(D, 1), NC = R1 / G, S1 = stage_off(D, 1);
+    constexpr int64_t RO = D.region_off[1];
+    const unsigned char *row = ok ? page_base + RO + (int64_t)off * R1 : base;
+#pragma unroll
+    for (int k = 0; k < (NC + 7) / 8; k++) {
+      const int c = j + 8 * k;
+      if (c < NC) {
+        const unsigned char *s = ok ? row + c * G : base;
+        if constexpr (G == 16) mla::cp_async16(dst + S1 + c * G, s, ok ? G : 0);
+        else if constexpr (G == 8) mla::cp_async8(dst + S1 + c * G, s, ok ? G : 0);
+        else mla::cp_async4(dst + S1 + c * G, s, ok ? G : 0);
+      }
+    }
+  }
+}
+
+// S partial of one warp: token g of the warp's 8, dims of half HALF; lane t4
+// rebuilds chunks HALF*DQK/16 + 4j + t4, whose 8 bf16 are the B fragments of
+// two k-steps; chunks of V dims also go to the V tile.
+template <class LS, int HALF>
+__device__ __forceinline__ void s_partial(const unsigned char *raw, const unsigned char *qf, unsigned char *vdst, int t4,
+                                          float tscale, float (&acc)[4]) {
+  constexpr int DQK = LS::host.k_dims, NJ = DQK / 64;
+  float odd[4] = {0.f, 0.f, 0.f, 0.f};
+  const unsigned char *rf = raw + t4 * 8, *rb = raw + t4 * 16;
+  static_for<NJ>([&](auto jc) {
+    constexpr int J = decltype(jc)::value;
+    constexpr int CB = HALF * (DQK / 16) + 4 * J; // chunk of lane t4 = 0
+    constexpr spec_chunk C = chunk_at(LS::host, CB * 8);
+    uint4 kv;
+    if constexpr (C.kind == SK_COPY) kv = *reinterpret_cast<const uint4 *>(rb + C.src);
+    else if constexpr (C.kind == SK_ZERO) kv = make_uint4(0, 0, 0, 0);
+    else {
+      float s = 1.0f;
+      if constexpr (C.kind == SK_FP8_TENSOR) s = tscale;
+      else if constexpr (C.kind == SK_FP8_F32) s = *reinterpret_cast<const float *>(raw + C.scale_src);
+      else if constexpr (C.kind == SK_FP8_UE8M0) s = mla_decode_scale(MLA_UE8M0, raw[C.scale_src]);
+      kv = mla::e4m3x8_scaled_bf16(*reinterpret_cast<const uint2 *>(rf + C.src), s);
+    }
+    if constexpr (CB < DV / 8) *reinterpret_cast<uint4 *>(vdst + CB * 16) = kv;
+    const uint4 qa = *reinterpret_cast<const uint4 *>(qf + 128 * J), qb = *reinterpret_cast<const uint4 *>(qf + 128 * J + 16);
+    const uint32_t a0[4] = {qa.x, qa.y, qa.z, qa.w}, a1[4] = {qb.x, qb.y, qb.z, qb.w};
+    mla::mma_bf16_16816(acc, a0, kv.x, kv.y);
+    mla::mma_bf16_16816(odd, a1, kv.z, kv.w);
+  });
+#pragma unroll
+  for (int e = 0; e < 4; e++) acc[e] += odd[e];
+}
+
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+template <class LS>
+__global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_constant__ params p) {
+  constexpr mla_layout_desc D = LS::host;
+  constexpr int DQK = D.k_dims, PITCH = stage_pitch(D), NCH = DQK / 8;
+  static_assert(spec_ok(D), "layout outside the specialized kernel's assumptions");
+  extern __shared__ __align__(16) unsigned char smem[];
+  const spec_smem L = make_spec_smem(DQK, PITCH, p.nstages);
+  unsigned char *Qs = smem + L.q;
+  uint16_t *Ps = reinterpret_cast<uint16_t *>(smem + L.p);
+  unsigned char *stages = smem + L.stages;
+  unsigned char *Vb = smem + L.vb;
+  float *s_part = reinterpret_cast<float *>(smem + L.s_part);
+  float *alpha_s = reinterpret_cast<float *>(smem + L.alpha);
+  float *m_fin = reinterpret_cast<float *>(smem + L.m_fin);
+  float *l_fin = reinterpret_cast<float *>(smem + L.l_fin);
+  int *tok_page = reinterpret_cast<int *>(smem + L.tok_page);
+  int *tok_off = reinterpret_cast<int *>(smem + L.tok_off);
+  constexpr int STAGE_BYTES = BN * PITCH;
+
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const int prob = blockIdx.x / p.row_chunks, split = blockIdx.y, row0 = (blockIdx.x - prob * p.row_chunks) * MR;
+  const int nrows = min(MR, p.rows - row0);
+  const int r = p.sparse ? prob / p.s_q : prob, qi = p.sparse ? prob - (prob / p.s_q) * p.s_q : 0;
+
+  int s_k = 0, nkeys;
+  if (!p.sparse) {
+    s_k = max(0, __ldg(p.cache_lens + r));
+    nkeys = s_k;
+    if (p.causal && p.s_q > 1) {
+      const int i_max = (row0 + nrows - 1) / p.h_q;
+      nkeys = max(0, min(s_k, s_k - p.s_q + i_max + 1));
+    }
+  } else {
+    nkeys = p.topk_len ? min(max(__ldg(p.topk_len + r), 0), p.topk) : p.topk;
+  }
+  const int ntiles = (nkeys + BN - 1) / BN, per = (ntiles + p.nsplits - 1) / p.nsplits;
+  const int t_begin = min(split * per, ntiles), t_end = min(t_begin + per, ntiles);
+  const int64_t part = ((int64_t)prob * p.nsplits + split) * p.rows;
+
+  if (t_begin >= t_end) {
+    for (int idx = tid; idx < nrows * (DV / 4); idx += NT) {
+      const int row = idx / (DV / 4), c = idx - row * (DV / 4);
+      if (p.nsplits > 1) reinterpret_cast<float4 *>(p.o_acc + (part + row0 + row) * DV)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+      else reinterpret_cast<uint2 *>(p.out + ((int64_t)prob * p.rows + row0 + row) * DV)[c] = make_uint2(0, 0);
+    }
+    for (int row = tid; row < nrows; row += NT) {
+      int i, h;
+      mla_attn::row_coords(p, qi, row0 + row, i, h);
+      if (p.nsplits > 1) p.lse_acc[part + row0 + row] = -CUDART_INF_F;
+      else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = CUDART_INF_F;
+    }
+    return;
+  }
+
+  // Setup: Q as ready A fragments, slots of the first tiles.
+  const float tscale = p.v.tensor_scale ? __ldg(p.v.tensor_scale) : 1.0f;
+  for (int idx = tid; idx < MR * NCH; idx += NT) {
+    const int row = idx / NCH, c = idx - row * NCH;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (row < nrows) {
+      int i, h;
+      mla_attn::row_coords(p, qi, row0 + row, i, h);
+      const uint16_t *src = p.q + (int64_t)r * p.qs0 + (int64_t)i * p.qs1 + (int64_t)h * p.qs2 + (int64_t)c * 8 * p.qs3;
+      if (p.q_vec) val = __ldg(reinterpret_cast<const uint4 *>(src));
+      else {
+        uint16_t e[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) e[k] = __ldg(src + k * p.qs3);
+        val = make_uint4(e[0] | (uint32_t)e[1] << 16, e[2] | (uint32_t)e[3] << 16, e[4] | (uint32_t)e[5] << 16,
+                         e[6] | (uint32_t)e[7] << 16);
+      }
+    }
+    uint32_t *f = reinterpret_cast<uint32_t *>(Qs + (row & 7) * qfrag_pair_bytes<DQK>() + c * 32);
+    const int hi = row >> 3;
+    f[hi] = val.x, f[2 + hi] = val.y, f[4 + hi] = val.z, f[6 + hi] = val.w;
+  }
+  const int nst = p.nstages;
+  for (int st = 0; st < nst; st++)
+    for (int n = tid; n < BN; n += NT)
+      mla_attn::token_of(p, r, qi, nkeys, t_begin + st, n, tok_page[st * BN + n], tok_off[st * BN + n]);
+  __syncthreads();
+  for (int st = 0; st + 1 < nst; st++) {
+    if (t_begin + st < t_end) issue_tile<LS>(p, stages + st * STAGE_BYTES, tok_page + st * BN, tok_off + st * BN);
+    mla::cp_async_commit();
+  }
+
+  // Softmax rows of this warp: 2w and 2w + 1 (running max and sum in registers).
+  const bool causal = !p.sparse && p.causal && p.s_q > 1;
+  int lim[2];
+  float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, l_run[2] = {0.f, 0.f};
+#pragma unroll
+  for (int rr = 0; rr < 2; rr++) lim[rr] = causal ? s_k - p.s_q + (row0 + 2 * warp + rr) / p.h_q : 0x7fffffff;
+
+  float o[DV / NW / 8][4];
+#pragma unroll
+  for (int nt = 0; nt < DV / NW / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
+
+  const int tg = warp & 3, half = warp >> 2, n_s = tg * 8 + g;
+  const unsigned char *qf = Qs + g * qfrag_pair_bytes<DQK>() + (half * (DQK / 16) + t4) * 32;
+  unsigned char *vdst = Vb + n_s * VP * 2 + t4 * 16;
+
+  const int niter = t_end - t_begin;
+  int st = 0;
+  for (int u = 0; u < niter; u++, st = st + 1 == nst ? 0 : st + 1) {
+    const int t = t_begin + u;
+    int pf_page = -1, pf_off = 0;
+    if (tid < BN) mla_attn::token_of(p, r, qi, nkeys, t + nst, tid, pf_page, pf_off);
+
+    mla_attn::wait_stages(nst);
+    __syncthreads(); // B1: tile t landed; tile t - 1 is done with its stage, V tile, P and alpha
+    {
+      const int ist = st == 0 ? nst - 1 : st - 1;
+      if (t + nst - 1 < t_end) issue_tile<LS>(p, stages + ist * STAGE_BYTES, tok_page + ist * BN, tok_off + ist * BN);
+      mla::cp_async_commit();
+    }
+    {
+      const unsigned char *raw = stages + st * STAGE_BYTES + n_s * PITCH;
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      if (half) s_partial<LS, 1>(raw, qf, vdst, t4, tscale, acc);
+      else s_partial<LS, 0>(raw, qf, vdst, t4, tscale, acc);
+      float *sp = s_part + half * MR * SP + g * SP + tg * 8 + 2 * t4;
+      *reinterpret_cast<float2 *>(sp) = make_float2(acc[0], acc[1]);
+      *reinterpret_cast<float2 *>(sp + 8 * SP) = make_float2(acc[2], acc[3]);
+    }
+    __syncthreads(); // B2: S partials and the V tile are complete
+
+    {
+      const bool key_ok = tok_page[st * BN + lane] >= 0;
+#pragma unroll
+      for (int rr = 0; rr < 2; rr++) {
+        const int row = 2 * warp + rr;
+        float s = s_part[row * SP + lane] + s_part[MR * SP + row * SP + lane];
+        s = key_ok && t * BN + lane <= lim[rr] ? s * p.scale_log2 : -CUDART_INF_F;
+        const float mnew = fmaxf(m_run[rr], warp_max(s));
+        const float base = mnew == -CUDART_INF_F ? 0.f : mnew;
+        const float pv = exp2f(s - base);
+        Ps[row * PP + lane] = mla_attn::to_bf16_bits(pv);
+        const float alpha = m_run[rr] == -CUDART_INF_F ? 0.f : exp2f(m_run[rr] - mnew);
+        l_run[rr] = l_run[rr] * alpha + warp_sum(pv);
+        m_run[rr] = mnew;
+        if (lane == 0) alpha_s[row] = alpha;
+      }
+    }
+    __syncthreads(); // B3: P and alpha are complete
+
+    {
+      const float al0 = alpha_s[g], al1 = alpha_s[g + 8];
+      if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {
+#pragma unroll
+        for (int nt = 0; nt < DV / NW / 8; nt++) o[nt][0] *= al0, o[nt][1] *= al0, o[nt][2] *= al1, o[nt][3] *= al1;
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < BN / 16; ks++) {
+      uint32_t pa[4];
+      mla::ldmatrix_x4(pa, mla::smem_addr(Ps + (lane & 15) * PP + ks * 16 + (lane >> 4) * 8));
+      const uint32_t va = mla::smem_addr(Vb + ((ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * VP + warp * (DV / NW) + (lane >> 4) * 8) * 2);
+#pragma unroll
+      for (int np = 0; np < DV / NW / 16; np++) {
+        uint32_t vb[4];
+        mla::ldmatrix_x4_trans(vb, va + np * 32);
+        mla::mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
+        mla::mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
+      }
+    }
+    if (tid < BN) tok_page[st * BN + tid] = pf_page, tok_off[st * BN + tid] = pf_off;
+  }
+  mla::cp_async_wait<0>();
+  if (lane == 0) {
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) m_fin[2 * warp + rr] = m_run[rr], l_fin[2 * warp + rr] = l_run[rr];
+  }
+  __syncthreads();
+
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int row = g + hh * 8;
+    if (row >= nrows) continue;
+    const float l = l_fin[row];
+    float f = l > 0.f ? 1.0f / l : 0.f;
+    int i, h;
+    mla_attn::row_coords(p, qi, row0 + row, i, h);
+    if (p.nsplits == 1 && p.sink && l > 0.f) {
+      const float lse_nat = (m_fin[row] + log2f(l)) * 0.69314718055994531f;
+      f *= 1.0f / (1.0f + expf(__ldg(p.sink + h) - lse_nat));
+    }
+#pragma unroll
+    for (int nt = 0; nt < DV / NW / 8; nt++) {
+      const int col = warp * (DV / NW) + nt * 8 + 2 * t4;
+      const float x0 = o[nt][2 * hh] * f, x1 = o[nt][2 * hh + 1] * f;
+      if (p.nsplits > 1) *reinterpret_cast<float2 *>(p.o_acc + (part + row0 + row) * DV + col) = make_float2(x0, x1);
+      else *reinterpret_cast<uint32_t *>(p.out + ((int64_t)prob * p.rows + row0 + row) * DV + col) =
+               (uint32_t)mla_attn::to_bf16_bits(x0) | (uint32_t)mla_attn::to_bf16_bits(x1) << 16;
+    }
+  }
+  for (int row = tid; row < nrows; row += NT) {
+    const float l = l_fin[row];
+    const float lse2 = l > 0.f ? m_fin[row] + log2f(l) : -CUDART_INF_F;
+    int i, h;
+    mla_attn::row_coords(p, qi, row0 + row, i, h);
+    if (p.nsplits > 1) p.lse_acc[part + row0 + row] = lse2;
+    else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = l > 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
+  }
+}
+
+} // namespace mla_attn_spec
+
+#endif
