@@ -268,23 +268,230 @@ __global__ void __launch_bounds__(kThreads, 4) gather_raw_kernel(const __grid_co
 
 } // namespace
 
+// ---- compile-time-specialized variants (kv_gather_spec.cuh) ----
+//
+// The structure of the JIT twin (kernels_rtc/kv_gather.cu) with the
+// descriptor as constants: a warp takes RR consecutive output rows per step
+// (warps sweep the rows together), lane r < RR resolves row r's index (the
+// next step's index loads are issued before this step's rows are converted),
+// every lane issues the loads of all its chunks of the RR rows, then
+// dequantizes and stores them. No shared memory, no plan.
+#include "kv_gather_spec.cuh"
+
+namespace {
+
+using namespace mla_kvs;
+
+constexpr int kSpecThreads = 256;
+
+template <class L, class Src, int RR>
+__global__ void __launch_bounds__(kSpecThreads, 4)
+    spec_gather_kernel(const __grid_constant__ mla_cache_view v, const Src src, const mla_kv_rows out,
+                       unsigned long long *bad) {
+  constexpr int NS = lay<L>::nslots;
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  const int64_t n = src.rows();
+  const int nch_out = (int)(out.cols / 8);
+  const bool ovec = ((uintptr_t)out.data & 15) == 0 && (out.stride & 7) == 0;
+  float ts = 1.0f;
+  if constexpr (lay<L>::tensor) ts = v.tensor_scale ? *v.tensor_scale : 1.0f;
+  const int64_t token_stride = v.token_stride;
+  auto resolve = [&](int64_t b, const unsigned char *&pg, int &tt) {
+    pg = nullptr, tt = 0;
+    if (lane < RR && b + lane < n) {
+      int64_t page, t;
+      if (src.locate(b + lane, lay<L>::bs, v.num_pages, page, t, bad)) pg = v.base + page * v.page_stride, tt = (int)t;
+    }
+  };
+  const unsigned char *pg_next;
+  int tt_next;
+  resolve(warp * RR, pg_next, tt_next);
+  for (int64_t b = warp * RR; b < n; b += nwarps * RR) {
+    const unsigned char *pg[RR];
+    int tt[RR];
+#pragma unroll
+    for (int r = 0; r < RR; r++) pg[r] = shfl_ptr(pg_next, r), tt[r] = __shfl_sync(0xffffffffu, tt_next, r);
+    uint4 raw[RR][NS > 0 ? NS : 1];
+    uint32_t sb[RR][NS > 0 ? NS : 1];
+    static_for<NS>([&](auto S) {
+      constexpr int s = decltype(S)::value;
+      using Fd = fld<L, slot<L, s>::f>;
+      const int j = lane + 32 * slot<L, s>::k;
+      const bool in = (Fd::nch % 32 == 0 || j < Fd::nch) && Fd::c0 + j < nch_out;
+#pragma unroll
+      for (int r = 0; r < RR; r++) {
+        raw[r][s] = make_uint4(0, 0, 0, 0), sb[r][s] = 0;
+        if (pg[r] && in) {
+          raw[r][s] = load_raw<Fd>(chunk_addr<Fd>(pg[r], tt[r], token_stride, j));
+          if constexpr (Fd::skind == MLA_SCALE_GROUP) sb[r][s] = load_scale<Fd>(scale_addr<Fd>(pg[r], tt[r], token_stride, j));
+        }
+      }
+    });
+    resolve(b + nwarps * RR, pg_next, tt_next); // in flight with this step's rows
+    static_for<NS>([&](auto S) {
+      constexpr int s = decltype(S)::value;
+      using Fd = fld<L, slot<L, s>::f>;
+      const int j = lane + 32 * slot<L, s>::k;
+      const int c = Fd::c0 + j;
+      const bool in = (Fd::nch % 32 == 0 || j < Fd::nch) && c < nch_out;
+#pragma unroll
+      for (int r = 0; r < RR; r++) {
+        if (pg[r] && in) {
+          const uint4 o = dequant<Fd>(raw[r][s], sb[r][s], ts, chunk_addr<Fd>(pg[r], tt[r], token_stride, j));
+          unsigned char *orow = (unsigned char *)out.data + (b + r) * out.stride * 2;
+          if (ovec) *reinterpret_cast<uint4 *>(orow + 16 * c) = o;
+          else mla::store16(orow + 16 * (int64_t)c, o);
+        }
+      }
+    });
+  }
+}
+
+// MLALAB_KV_SPEC_ROWS=1|2|4 rows per warp step, MLALAB_KV_SPEC_GRID=k: k x the
+// resident blocks (tuning; defaults from bench/RESULTS.md).
+inline int env_int(const char *name, int dflt) {
+  const char *e = getenv(name);
+  return e && atoi(e) > 0 ? atoi(e) : dflt;
+}
+
+template <class K> int spec_grid(K kernel, int64_t steps) {
+  static const int mult = env_int("MLALAB_KV_SPEC_GRID", 1);
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kSpecThreads, 0);
+  int64_t g = (int64_t)(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1) * mult;
+  const int64_t need = (steps + kSpecThreads / 32 - 1) / (kSpecThreads / 32);
+  if (need < g) g = need;
+  return g < 1 ? 1 : (int)g;
+}
+
+template <class L, class Src, int RR>
+void spec_gather_launch(const mla_kv_cache *c, const Src &src, int64_t rows, const mla_kv_rows *out,
+                        unsigned long long *bad, cudaStream_t s) {
+  auto k = spec_gather_kernel<L, Src, RR>;
+  k<<<spec_grid(k, (rows + RR - 1) / RR), kSpecThreads, 0, s>>>(c->view, src, *out, bad);
+}
+
+// The specialized variant when one serves c's descriptor (records its name), else the generic kernel.
+template <class Src>
+cudaError_t gather_any(const mla_kv_cache *c, const Src &src, int64_t rows, const mla_kv_rows *out,
+                       unsigned long long *bad, cudaStream_t s) {
+  static const int rr = env_int("MLALAB_KV_SPEC_ROWS", 2);
+  const char *name = with_builtin(c->desc, c->view, [&](auto spec) {
+    using L = decltype(spec);
+    if (rows == 0 || out->cols == 0) return;
+    if (rr == 1) spec_gather_launch<L, Src, 1>(c, src, rows, out, bad, s);
+    else if constexpr (L::host.page_bytes / L::host.block_size <= 320) { // 4 rows in registers only for short rows
+      if (rr == 4) spec_gather_launch<L, Src, 4>(c, src, rows, out, bad, s);
+      else spec_gather_launch<L, Src, 2>(c, src, rows, out, bad, s);
+    }
+    else spec_gather_launch<L, Src, 2>(c, src, rows, out, bad, s);
+  });
+  mla_cuda_kv_note_variant(name ? name : "generic");
+  if (name) return cudaGetLastError();
+  return launch_gather(c, src, rows, out, bad, s);
+}
+
+// Raw rows of a built-in: region r's rows copied in pieces of G_r bytes (the
+// widest its row length and offset allow), 32 rows per warp step, every load
+// of a region issued before its stores.
+template <class L> struct rawreg {
+  template <int R> static constexpr int rb() { return L::host.region_row_bytes[R]; }
+  template <int R> static constexpr int64_t off() { return L::host.region_off[R]; }
+  template <int R> static constexpr int gran() { return min_i(min_i(pow2_div16(rb<R>()), pow2_div16(off<R>())), 16); }
+};
+
+template <class L>
+__global__ void __launch_bounds__(kSpecThreads, 4)
+    spec_raw_kernel(const __grid_constant__ mla_cache_view v, const mla_kv_dense g, const __grid_constant__ RawOut out,
+                    int64_t nrows, unsigned long long *bad) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  for (int64_t b = warp * 32; b < nrows; b += nwarps * 32) {
+    const unsigned char *pg = nullptr;
+    int tt = 0;
+    if (b + lane < nrows) {
+      int64_t page, t;
+      if (locate_dense(g, b + lane, lay<L>::bs, v.num_pages, page, t, bad)) pg = v.base + page * v.page_stride, tt = (int)t;
+    }
+    static_for<lay<L>::nregions>([&](auto Rc) {
+      constexpr int r = decltype(Rc)::value;
+      constexpr int RB = rawreg<L>::template rb<r>(), G = rawreg<L>::template gran<r>();
+      constexpr int64_t OFF = rawreg<L>::template off<r>();
+      using T = typename piece<G >= 4 ? G : 4>::T;
+      constexpr int per = RB / G; // pieces per row
+      unsigned char *o = out.p[r];
+      const int64_t os = out.stride[r];
+      if constexpr (G >= 4 && per <= 32 && (per & (per - 1)) == 0) {
+        constexpr int rpp = 32 / per;         // rows per pass; per passes cover the 32 rows
+        constexpr int QB = per < 8 ? per : 8; // passes loaded before their stores
+        const int sub = lane / per, pc = lane % per;
+#pragma unroll
+        for (int q0 = 0; q0 < per; q0 += QB) {
+          T buf[QB];
+          bool ok[QB];
+#pragma unroll
+          for (int q = 0; q < QB; q++) {
+            const int k = (q0 + q) * rpp + sub;
+            const unsigned char *p = shfl_ptr(pg, k);
+            const int t = __shfl_sync(0xffffffffu, tt, k);
+            ok[q] = p != nullptr;
+            if (ok[q]) {
+              const int64_t rs = r == 0 ? v.token_stride : (int64_t)RB;
+              buf[q] = __ldg(reinterpret_cast<const T *>(p + OFF + t * rs + pc * G));
+            }
+          }
+#pragma unroll
+          for (int q = 0; q < QB; q++)
+            if (ok[q]) *reinterpret_cast<T *>(o + (b + (q0 + q) * rpp + sub) * os + pc * G) = buf[q];
+        }
+      } else { // any other row: row by row, bytes
+        for (int k = 0; k < 32; k++) {
+          const unsigned char *p = shfl_ptr(pg, k);
+          const int t = __shfl_sync(0xffffffffu, tt, k);
+          if (!p) continue;
+          const unsigned char *srow = p + OFF + t * (r == 0 ? v.token_stride : (int64_t)RB);
+          for (int i = lane; i < RB; i += 32) o[(b + k) * os + i] = srow[i];
+        }
+      }
+    });
+  }
+}
+
+// The specialized raw copy needs each output region aligned to its piece width.
+template <class L> bool raw_out_ok(const RawOut &o) {
+  bool ok = true;
+  static_for<lay<L>::nregions>([&](auto Rc) {
+    constexpr int r = decltype(Rc)::value;
+    constexpr int G = rawreg<L>::template gran<r>();
+    if ((((uintptr_t)o.p[r] | (uintptr_t)o.stride[r]) % G) != 0) ok = false;
+  });
+  return ok;
+}
+
+} // namespace
+
 extern "C" cudaError_t mla_cuda_kv_gather_sparse(const mla_kv_cache *c, const mla_kv_ivec *slots,
                                                  const mla_kv_rows *out, const mla_kv_omat *remap,
                                                  unsigned long long *bad, cudaStream_t s) {
   SparseSrc src{*slots, {}};
   if (remap) src.remap = *remap;
-  return launch_gather(c, src, slots->n, out, bad, s);
+  return gather_any(c, src, slots->n, out, bad, s);
 }
 
 extern "C" cudaError_t mla_cuda_kv_gather_dense(const mla_kv_cache *c, const mla_kv_dense *g, const mla_kv_rows *out,
                                                 unsigned long long *bad, cudaStream_t s) {
   if (g->cu.n < 2) return cudaSuccess;
-  return launch_gather(c, DenseSrc{*g, out->rows}, out->rows, out, bad, s);
+  return gather_any(c, DenseSrc{*g, out->rows}, out->rows, out, bad, s);
 }
 
 extern "C" cudaError_t mla_cuda_kv_gather_pages(const mla_kv_cache *c, const mla_kv_ivec *pages,
                                                 const mla_kv_rows *out, unsigned long long *bad, cudaStream_t s) {
-  return launch_gather(c, PagesSrc{*pages, c->desc.block_size}, pages->n * c->desc.block_size, out, bad, s);
+  return gather_any(c, PagesSrc{*pages, c->desc.block_size}, pages->n * c->desc.block_size, out, bad, s);
 }
 
 extern "C" cudaError_t mla_cuda_kv_gather_raw(const mla_kv_cache *c, const mla_kv_dense *g, unsigned char *const *out,
@@ -300,6 +507,16 @@ extern "C" cudaError_t mla_cuda_kv_gather_raw(const mla_kv_cache *c, const mla_k
     const int gd = copy_granularity((uintptr_t)out[r], out_stride[r], out_stride[r], c->desc.region_row_bytes[r]);
     o.gran[r] = gs < gd ? gs : gd;
   }
+  bool ran = false;
+  const char *name = with_builtin(c->desc, c->view, [&](auto spec) {
+    using L = decltype(spec);
+    if (!raw_out_ok<L>(o)) return;
+    auto k = spec_raw_kernel<L>;
+    k<<<spec_grid(k, (rows + 31) / 32), kSpecThreads, 0, s>>>(c->view, *g, o, rows, bad);
+    ran = true;
+  });
+  mla_cuda_kv_note_variant(ran ? name : "generic");
+  if (ran) return cudaGetLastError();
   int64_t work = (rows + 31) / 32 / (kThreads / 32) + 1;
   // rows in contiguous shares: a batch is 32 consecutive tokens of a request, read as whole lines
   gather_raw_kernel<<<grid_for(gather_raw_kernel, 0, work), kThreads, 0, s>>>(c->desc, c->view, *g, o, rows, 0, bad);

@@ -8,6 +8,9 @@
 // Source token rows stream through a per-warp ring in shared memory
 // (cp.async, as the gathers in kv_gather.cu); each warp owns a contiguous
 // share of the pool's tokens, lane j the chunks j, j + 32, ... of a token.
+#include <stdio.h>
+#include <string.h>
+
 #include "kv_common.cuh"
 
 namespace {
@@ -139,8 +142,195 @@ void requant_launch(const mla_kv_cache *src, const mla_kv_cache *dst, const stag
 
 } // namespace
 
+// ---- compile-time-specialized variants for pairs of built-ins ----
+//
+// A warp repacks RR consecutive tokens per step (warps sweep the pool
+// together): lane j of each destination field's pass k handles chunk
+// j + 32 k of the field, loads the source chunk holding the same dims (the
+// pair is checked at compile time: each pass reads one source field), then
+// copies the codes (+ the group's f32 scale from its first chunk's lane) or
+// stores bf16(decode * tensor scale). PAD fields are zeroed. Direct loads and
+// stores, no staging.
+#include "kv_gather_spec.cuh"
+
+namespace {
+
+using namespace mla_kvs;
+
+constexpr int kRqThreads = 256;
+
+// Source field holding dims [lo, hi) (DATA), or -1.
+constexpr int src_field_for(const mla_layout_desc &d, int lo, int hi) {
+  for (int f = 0; f < d.nfields; f++) {
+    const mla_layout_field &fd = d.fields[f];
+    if (fd.role == MLA_FIELD_DATA && lo >= fd.dim_lo && hi <= fd.dim_lo + fd.count) return f;
+  }
+  return -1;
+}
+
+// The pass's source field: the one holding all dims of destination slot S's chunks.
+template <class LS, class LD, int S> struct rq_slot {
+  using Fd = fld<LD, slot<LD, S>::f>;
+  static constexpr int k = slot<LD, S>::k;
+  static constexpr int lo = Fd::dim_lo + 256 * k;
+  static constexpr int hi = lo + 256 < Fd::dim_lo + Fd::count ? lo + 256 : Fd::dim_lo + Fd::count;
+  static constexpr int fs = src_field_for(LS::host, lo, hi);
+};
+
+// requant_check (src/kv.c) as a constant expression, plus: same block size,
+// each destination pass reads one source field, aligned direct access.
+template <class LS, class LD, int... S> constexpr bool rq_slots_ok(std::integer_sequence<int, S...>) {
+  return ((rq_slot<LS, LD, S>::fs >= 0) && ...);
+}
+
+constexpr bool rq_fields_ok(const mla_layout_desc &sd, const mla_layout_desc &dd) {
+  if (sd.dim != dd.dim || sd.block_size != dd.block_size) return false;
+  for (int c0 = 0; c0 < dd.dim; c0 += 8) {
+    const int a = src_field_for(sd, c0, c0 + 8), b = src_field_for(dd, c0, c0 + 8);
+    if (a < 0 || b < 0) return false;
+    const mla_layout_field &fs = sd.fields[a], &fd = dd.fields[b];
+    if (fs.scale_kind == MLA_SCALE_GROUP) return false;
+    if (fd.scale_kind == MLA_SCALE_GROUP) {
+      if (fd.dtype != fs.dtype || fd.scale_dtype != MLA_F32) return false;
+      const int g0 = fd.dim_lo + (c0 - fd.dim_lo) / fd.group * fd.group;
+      const int first = src_field_for(sd, g0, g0 + 8);
+      if (first < 0 || sd.fields[first].scale_kind != fs.scale_kind) return false;
+    } else if (fd.scale_kind != MLA_SCALE_NONE || fd.dtype != MLA_BF16) {
+      return false;
+    }
+  }
+  return true;
+}
+
+template <class LS, class LD> constexpr bool requant_ok() {
+  if constexpr (!rq_fields_ok(LS::host, LD::host)) return false;
+  else return rq_slots_ok<LS, LD>(std::make_integer_sequence<int, lay<LD>::nslots>{});
+}
+
+template <class LS, class LD, int RR>
+__global__ void __launch_bounds__(kRqThreads, 4)
+    spec_requant_kernel(const __grid_constant__ mla_cache_view sv, const __grid_constant__ mla_cache_view dv) {
+  constexpr int NS = lay<LD>::nslots;
+  constexpr int BS = lay<LS>::bs;
+  const int lane = threadIdx.x & 31;
+  const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  const int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  const int64_t n = sv.num_pages * BS;
+  const float ts = sv.tensor_scale ? *sv.tensor_scale : 1.0f;
+  for (int64_t b = warp * RR; b < n; b += nwarps * RR) {
+    const unsigned char *sp[RR];
+    unsigned char *dp[RR];
+    int tt[RR];
+    bool ok[RR];
+#pragma unroll
+    for (int r = 0; r < RR; r++) {
+      const int64_t i = b + r, page = i / BS;
+      ok[r] = i < n, tt[r] = (int)(i - page * BS);
+      sp[r] = sv.base + page * sv.page_stride, dp[r] = dv.base + page * dv.page_stride;
+    }
+    uint4 raw[RR][NS > 0 ? NS : 1];
+    static_for<NS>([&](auto Sc) {
+      constexpr int s = decltype(Sc)::value;
+      using Q = rq_slot<LS, LD, s>;
+      using Fd = typename Q::Fd;
+      using Fs = fld<LS, Q::fs>;
+      const int j = lane + 32 * Q::k;
+      const int js = Fd::c0 + j - Fs::c0; // the same dims' chunk in the source field
+#pragma unroll
+      for (int r = 0; r < RR; r++) {
+        raw[r][s] = make_uint4(0, 0, 0, 0);
+        if (ok[r] && (Fd::nch % 32 == 0 || j < Fd::nch)) raw[r][s] = load_raw<Fs>(chunk_addr<Fs>(sp[r], tt[r], sv.token_stride, js));
+      }
+    });
+    static_for<NS>([&](auto Sc) {
+      constexpr int s = decltype(Sc)::value;
+      using Q = rq_slot<LS, LD, s>;
+      using Fd = typename Q::Fd;
+      using Fs = fld<LS, Q::fs>;
+      const int j = lane + 32 * Q::k;
+      const int js = Fd::c0 + j - Fs::c0;
+#pragma unroll
+      for (int r = 0; r < RR; r++) {
+        if (!ok[r] || !(Fd::nch % 32 == 0 || j < Fd::nch)) continue;
+        unsigned char *d = const_cast<unsigned char *>(chunk_addr<Fd>(dp[r], tt[r], dv.token_stride, j));
+        if constexpr (Fd::skind == MLA_SCALE_GROUP) { // the codes, and the group's scale from its first chunk
+          const uint4 q = raw[r][s];
+          if constexpr (Fd::vec && Fd::cb == 8) *reinterpret_cast<uint2 *>(d) = make_uint2(q.x, q.y);
+          else if constexpr (Fd::vec && Fd::cb == 4) *reinterpret_cast<uint32_t *>(d) = q.x;
+          else if constexpr (Fd::vec && Fd::cb == 16) *reinterpret_cast<uint4 *>(d) = q;
+          else copy_chunk(Fd::cb, false, d, chunk_addr<Fs>(sp[r], tt[r], sv.token_stride, js));
+          if (j % Fd::gch == 0)
+            mla::store4(const_cast<unsigned char *>(scale_addr<Fd>(dp[r], tt[r], dv.token_stride, j)),
+                        __float_as_uint(Fs::skind == MLA_SCALE_TENSOR ? ts : 1.0f));
+        } else { // bf16: the dequantized value
+          const uint4 o = dequant<Fs>(raw[r][s], 0, ts, chunk_addr<Fs>(sp[r], tt[r], sv.token_stride, js));
+          if constexpr (Fd::vec) *reinterpret_cast<uint4 *>(d) = o;
+          else mla::store16(d, o);
+        }
+      }
+    });
+    static_for<LD::host.nfields>([&](auto Fc) { // padding
+      using Fp = fld<LD, decltype(Fc)::value>;
+      if constexpr (!Fp::data) {
+#pragma unroll
+        for (int r = 0; r < RR; r++) {
+          if (!ok[r]) continue;
+          unsigned char *d = const_cast<unsigned char *>(chunk_addr<Fp>(dp[r], tt[r], dv.token_stride, 0));
+          for (int i = lane; i < Fp::count; i += 32) d[i] = 0;
+        }
+      }
+    });
+  }
+}
+
+// Pair names ("fp8_pertensor->fp8_ds_mla"), static for mla_cuda_kv_note_variant.
+const char *pair_name(const char *a, const char *b) {
+  static char names[kNumBuiltins * kNumBuiltins][80];
+  static int used = 0;
+  char want[80];
+  snprintf(want, sizeof want, "%s->%s", a, b);
+  for (int i = 0; i < used; i++)
+    if (strcmp(names[i], want) == 0) return names[i];
+  if (used == kNumBuiltins * kNumBuiltins) return "specialized";
+  memcpy(names[used], want, sizeof want);
+  return names[used++];
+}
+
+// The specialized variant of the pair, or false (run the generic kernel).
+bool spec_requant(const mla_kv_cache *src, const mla_kv_cache *dst, int64_t ntok, cudaStream_t s, const char **name) {
+  bool ran = false;
+  const char *dn = nullptr;
+  const char *sn = with_builtin(src->desc, src->view, [&](auto sspec) {
+    using LS = decltype(sspec);
+    dn = with_builtin(dst->desc, dst->view, [&](auto dspec) {
+      using LD = decltype(dspec);
+      if constexpr (requant_ok<LS, LD>()) {
+        constexpr int RR = 2;
+        auto k = spec_requant_kernel<LS, LD, RR>;
+        int dev = 0, sms = 0, per_sm = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kRqThreads, 0);
+        int64_t g = (int64_t)(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+        const int64_t need = ((ntok + RR - 1) / RR + kRqThreads / 32 - 1) / (kRqThreads / 32);
+        if (need < g) g = need;
+        k<<<g < 1 ? 1 : (int)g, kRqThreads, 0, s>>>(src->view, dst->view);
+        ran = true;
+      }
+    });
+  });
+  if (ran) *name = pair_name(sn, dn);
+  return ran;
+}
+
+} // namespace
+
 extern "C" cudaError_t mla_cuda_kv_requant(const mla_kv_cache *src, const mla_kv_cache *dst, cudaStream_t s) {
   int64_t ntok = src->view.num_pages * src->desc.block_size;
+  const char *name = "generic";
+  const bool spec = ntok > 0 && spec_requant(src, dst, ntok, s, &name);
+  mla_cuda_kv_note_variant(name);
+  if (spec) return cudaGetLastError();
   if (ntok == 0) return cudaSuccess;
   const int nchunks = dst->desc.dim / 8;
   const stage_geom g = make_stage_geom(src->desc, src->view);
