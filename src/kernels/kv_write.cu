@@ -21,6 +21,7 @@
 // bit-identical to the IEEE quotient), packed fp8 and arithmetic e2m1 encoders
 // (mla/token_access.cuh).
 #include "kv_common.cuh"
+#include "kv_write_spec.cuh"
 
 namespace {
 
@@ -320,11 +321,69 @@ int gran_of(const void *p, int64_t stride_bytes, int64_t bytes, int64_t dst_off)
   return 1;
 }
 
+// ---- specialized variants (kv_write_spec.cuh) ----
+
+// MLALAB_KV_WRITE_UT=1|2: tokens per lane group per tile of the specialized variants (tuning).
+int spec_ut() {
+  static int v = -1;
+  if (v < 0) {
+    const char *e = getenv("MLALAB_KV_WRITE_UT");
+    v = e && e[0] == '2' ? 2 : 1;
+  }
+  return v;
+}
+
+template <class L, int UT> cudaError_t launch_spec(const kvw::wargs &a, cudaStream_t s) {
+  auto k = kvw::write_spec_kernel<L, UT>;
+  constexpr int64_t per_block = (int64_t)(kvw::kSpecThreads / 32) * (32 / kvw::lpt<L>()) * UT;
+  k<<<grid_for(k, 0, (a.n + per_block - 1) / per_block), kvw::kSpecThreads, 0, s>>>(a);
+  return cudaGetLastError();
+}
+
+// Runs L's variant when the descriptor is L's and every address allows the
+// variant's 16-byte accesses; false: not taken (the generic kernel runs).
+template <class L>
+bool try_spec(const mla_kv_cache *c, const mla_kv_ivec *slots, const mla_kv_src_rows *src, unsigned long long *bad,
+              cudaStream_t s, cudaError_t *err) {
+  if constexpr (!kvw::supported<L>()) {
+    return false;
+  } else {
+    const mla_layout_desc &d = c->desc;
+    if (!mla_layout_desc_same(&d, &L::host, 0)) return false;
+    const mla_cache_view &v = c->view;
+    const int64_t split = src->split < d.dim ? src->split : d.dim;
+    const bool has_b = split < d.dim;
+    if (((uintptr_t)v.base | (uint64_t)v.page_stride | (uint64_t)v.token_stride) % 16) return false;
+    if (((uintptr_t)src->a.data | (uint64_t)(2 * src->a.stride)) % 16 || split % 8) return false;
+    if (has_b && ((uintptr_t)src->b.data | (uint64_t)(2 * src->b.stride)) % 16) return false;
+    kvw::wargs a;
+    a.base = v.base, a.page_stride = v.page_stride, a.token_stride = v.token_stride, a.num_pages = v.num_pages;
+    a.tscale = v.tensor_scale;
+    a.slots = slots->data, a.n = slots->n, a.slot_stride = slots->stride, a.is64 = slots->is64;
+    a.a = (const unsigned char *)src->a.data, a.a_stride = 2 * src->a.stride;
+    a.b = has_b ? (const unsigned char *)src->b.data - 2 * split : a.a;
+    a.b_stride = has_b ? 2 * src->b.stride : a.a_stride;
+    a.splitc = (int)(split / 8);
+    a.bad = bad;
+    *err = spec_ut() == 2 ? launch_spec<L, 2>(a, s) : launch_spec<L, 1>(a, s);
+    mla_cuda_kv_note_variant(L::name);
+    return true;
+  }
+}
+
 } // namespace
 
 extern "C" cudaError_t mla_cuda_kv_write(const mla_kv_cache *c, const mla_kv_ivec *slots, const mla_kv_src_rows *src,
                                          unsigned long long *bad, cudaStream_t s) {
   if (slots->n == 0) return cudaSuccess;
+  if (mla_cuda_kv_specialize()) {
+    cudaError_t err = cudaSuccess;
+#define KVW_TRY(n, init) \
+    if (try_spec<kvw::spec_##n>(c, slots, src, bad, s, &err)) return err;
+    MLA_BUILTIN_LAYOUTS(KVW_TRY)
+#undef KVW_TRY
+  }
+  mla_cuda_kv_note_variant("generic");
   const mla_layout_desc &d = c->desc;
   const int nchunks = d.dim / 8;
   write_geom g = {};

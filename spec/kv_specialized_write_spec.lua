@@ -1,0 +1,202 @@
+-- Quantize-and-cache variants specialized at compile time on the built-in
+-- layouts (src/kernels/kv_write_spec.cuh): for every built-in layout, a write
+-- with specialization on runs the built-in's variant, a write with it off runs
+-- the generic kernel, and both caches are bit-identical to the CPU reference
+-- (mla.kernels.write on cpu, src/ref/). Inputs carry NaNs (several per group,
+-- with payloads and signs: the f32 scales keep the first one's bits), +-inf,
+-- all-zero and all-minus-zero groups, subnormal and near-max bf16 magnitudes,
+-- a huge value among tiny ones; slot mappings with -1 entries, padded rows,
+-- i32 and i64 slots, whole rows and k_nope + k_rope slices of a wider
+-- projection, writes into layer 30 of a 61-layer block-major cache whose other
+-- layers must stay zero. Descriptors or addresses the variants do not take
+-- (another block size, source rows not 16-byte aligned) run the generic kernel.
+local mla = require "mlalab"
+local S = require "support"
+local K = mla.kernels
+
+local BS = 64 -- the block size of the built-in descriptors (builtin_layouts.h)
+local LAYER, LAYERS = 30, 61
+
+local function assert_bytes(a, b, what)
+  local x, y = mla.core.tensor_bytes(a), mla.core.tensor_bytes(b)
+  assert(#x == #y, string.format("%s: %d bytes vs %d", what, #x, #y))
+  if x ~= y then
+    for i = 1, #x do
+      if x:byte(i) ~= y:byte(i) then
+        error(string.format("%s: first difference at byte %d of %d: 0x%02x vs 0x%02x", what, i - 1, #x, x:byte(i),
+          y:byte(i)), 2)
+      end
+    end
+  end
+end
+
+local function perm(n)
+  local p = {}
+  for i = 1, n do p[i] = i - 1 end
+  for i = n, 2, -1 do
+    local j = math.random(i)
+    p[i], p[j] = p[j], p[i]
+  end
+  return p
+end
+
+-- bf16 bit patterns of n rows of dim values: random magnitudes, and every
+-- token class below in turn. Returns the rows as a CPU bf16 tensor.
+local NAN_A, NAN_B, NEG_NAN = 0x7FC1, 0x7FA5, 0xFFB3
+local function special_rows(n, dim)
+  local base = S.values(mla.randn({ n, dim }):to("bf16"):view("u16"))
+  local function at(t, d) return t * dim + d + 1 end
+  local function rnd(lo, hi) return math.random(lo, hi) end
+  for t = 0, n - 1 do
+    local kind = t % 12
+    local g16 = 16 * rnd(0, dim // 16 - 1) -- a 16-dim span inside one group of every built-in
+    if kind == 1 then -- NaNs: the first in dim order is the group's amax (payload kept in f32 scales)
+      local d = rnd(0, dim - 9)
+      base[at(t, d)] = NAN_A
+      base[at(t, d + rnd(1, 8))] = NAN_B
+      base[at(t, rnd(0, dim - 1))] = NEG_NAN
+    elseif kind == 2 then -- a negative NaN first, in the last dims too (RoPE / bf16 copies)
+      base[at(t, g16 + 3)] = NEG_NAN
+      base[at(t, g16 + 9)] = NAN_A
+      base[at(t, dim - 1)] = NAN_B
+    elseif kind == 3 then -- infinities
+      base[at(t, rnd(0, dim - 1))] = 0x7F80
+      base[at(t, rnd(0, dim - 1))] = 0xFF80
+    elseif kind == 4 then -- zeros in whole groups (and -0 in others)
+      for d = 0, math.min(127, dim - 1) do base[at(t, d)] = 0 end
+      for d = g16, g16 + 15 do base[at(t, d)] = 0x8000 end
+    elseif kind == 5 then -- subnormal magnitudes only
+      for d = 0, dim - 1 do base[at(t, d)] = rnd(0, 0x7F) | (rnd(0, 1) << 15) end
+    elseif kind == 6 then -- near the bf16 maximum
+      for d = 0, dim - 1 do base[at(t, d)] = (rnd(0x7EF0, 0x7F7F)) | (rnd(0, 1) << 15) end
+    elseif kind == 7 then -- one huge value among tiny ones (scales clamp, quotients saturate or flush)
+      for d = 0, dim - 1 do base[at(t, d)] = rnd(0x0080, 0x0800) | (rnd(0, 1) << 15) end
+      base[at(t, g16 + rnd(0, 15))] = 0x7F00
+    elseif kind == 8 then -- large and small normal magnitudes mixed
+      for d = 0, dim - 1 do base[at(t, d)] = rnd(0x2000, 0x6000) | (rnd(0, 1) << 15) end
+    elseif kind == 9 then -- values on e4m3 / e2m1 rounding boundaries after pow2 scales
+      for d = 0, dim - 1 do base[at(t, d)] = (0x3F00 + 0x10 * rnd(0, 15) + 8) | (rnd(0, 1) << 15) end
+    end
+  end
+  return mla.tensor(base, "u16"):view("bf16"):reshape({ n, dim })
+end
+
+-- Layer LAYER of a 61-layer block-major cache on the GPU, zeroed, every other byte zero too.
+local function gpu_layer(L, nb, bs, scale)
+  local c = mla.cache.new { layout = L, num_blocks = nb, block_size = bs, num_layers = LAYERS, order = "block_major",
+    device = "cuda", tensor_scale = scale }
+  local v = c:view(LAYER)
+  v.pages:fill(0)
+  c:poison(LAYER, "zeros")
+  return v, c
+end
+
+local function cpu_pool(L, nb, bs, scale)
+  local c = mla.cache.new { layout = L, num_blocks = nb, block_size = bs, device = "cpu", tensor_scale = scale }
+  local v = c:view(0)
+  v.pages:fill(0)
+  return v
+end
+
+-- Writes with specialization on and off into two GPU caches and on the CPU;
+-- asserts both GPU caches equal the CPU's bytes, the variants that ran, and
+-- that no byte outside the written slots of the layer changed.
+local function check_write(L, o)
+  local nb, bs = o.nb or 8, o.bs or BS
+  local n = o.n or (nb * bs - 37)
+  local p, sl = perm(nb * bs), {}
+  for i = 1, n do sl[i] = (i % 9 == 4) and -1 or p[i] end
+  local idt = o.i32 and "i32" or "i64"
+  local rows = o.rows or special_rows(n + 3, L.dim) -- 3 padding rows past the slot mapping
+  local ref = cpu_pool(L, nb, bs, o.scale)
+  local src = o.src or function(r) return r end
+  local a, b = src(rows)
+  K.write(ref, mla.tensor(sl, idt), a, b)
+  local variants = {}
+  for _, spec in ipairs { true, false } do
+    local g, c = gpu_layer(L, nb, bs, o.scale)
+    local rg = rows:cuda()
+    local ga, gb = src(rg)
+    local was = K.specialize(spec)
+    local ok, err = pcall(K.write, g, mla.tensor(sl, idt, "cuda"), ga, gb)
+    K.specialize(was)
+    assert(ok, err)
+    variants[#variants + 1] = K.last_variant()
+    assert_bytes(g.pages:cpu(), ref.pages, string.format("%s, specialization %s", L.name, spec and "on" or "off"))
+    assert.is_nil(c:check_bleed(LAYER, { slots = sl }))
+  end
+  return variants[1], variants[2], ref
+end
+
+describe("specialized quantize-and-cache variants #gpu", function()
+  local names = mla.layout.builtins()
+
+  it("cover every built-in layout", function()
+    local want = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_v4", "fp8_v4_vllm", "indexer_fp8",
+      "indexer_fp8_ue8m0", "fp4_v41" }
+    local have = {}
+    for _, n in ipairs(names) do have[n] = true end
+    for _, n in ipairs(want) do assert.is_true(have[n], n .. " is a built-in layout") end
+  end)
+
+  for li, name in ipairs(names) do
+    it(name .. ": whole rows with NaN / inf / zero / subnormal / huge groups, bit-identical on and off", function()
+      math.randomseed(0x5157 + li)
+      mla.manual_seed(0x5157 + li)
+      local L = mla.layout.get(name)
+      local on, off, ref = check_write(L, { scale = 0.75, i32 = li % 2 == 0 })
+      assert.equal(name, on)
+      assert.equal("generic", off)
+      local nonzero = 0
+      for _, x in ipairs(S.values(ref.pages:narrow(0, 0, 1))) do if x ~= 0 then nonzero = nonzero + 1 end end
+      assert.is_true(nonzero > 1000, "the reference wrote the first page")
+    end)
+
+    it(name .. ": k_nope + k_rope slices of a wider projection, power-of-two tensor scale", function()
+      math.randomseed(0x6157 + li)
+      mla.manual_seed(0x6157 + li)
+      local L = mla.layout.get(name)
+      local dim = L.dim
+      local split = dim > 128 and dim - 64 or 64
+      local W = dim + 128 -- row stride 2 * W bytes: 16-byte aligned
+      local src = function(r)
+        local wide = mla.zeros({ r:size(0), W }, "bf16", r.device)
+        wide:narrow(1, 0, split):copy(r:narrow(1, 0, split))
+        wide:narrow(1, dim + 32, dim - split):copy(r:narrow(1, split, dim - split))
+        return wide:narrow(1, 0, split), wide:narrow(1, dim + 32, dim - split)
+      end
+      local on, off = check_write(L, { src = src, scale = 0.5, nb = 5, n = 250, i32 = li % 2 == 1 })
+      assert.equal(name, on)
+      assert.equal("generic", off)
+    end)
+  end
+
+  it("source rows that are not 16-byte aligned, or another block size, run the generic kernel (same bytes)", function()
+    math.randomseed(0x7157)
+    mla.manual_seed(0x7157)
+    local L = mla.layout.get("fp8_ds_mla")
+    local odd = function(r) -- rows at a 2-byte offset with an odd row stride
+      local wide = mla.zeros({ r:size(0), L.dim + 3 }, "bf16", r.device)
+      wide:narrow(1, 1, L.dim):copy(r)
+      return wide:narrow(1, 1, L.dim)
+    end
+    local on = check_write(L, { src = odd, nb = 3, n = 150 })
+    assert.equal("generic", on)
+    local on2 = check_write(mla.layout.get("fp4_v41"), { bs = 16, nb = 6, n = 80 })
+    assert.equal("generic", on2)
+  end)
+
+  it("a slot past the cache is skipped, counted and reported; the other tokens are written", function()
+    local L = mla.layout.get("fp8_v4")
+    local g = gpu_layer(L, 2, BS)
+    local rows = special_rows(4, L.dim)
+    S.assert_error_contains(function()
+      K.write(g, mla.tensor({ 5, 2 * BS + 3, -1, 127 }, "i64", "cuda"), rows:cuda())
+    end, "1 out-of-range indices were skipped")
+    assert.equal("fp8_v4", K.last_variant())
+    -- tokens 0 and 3 landed (row 3 went to slot 127 in the GPU call, row 2 in the reference)
+    local want = cpu_pool(L, 2, BS)
+    K.write(want, mla.tensor({ 5, -1, -1, 127 }, "i64"), rows)
+    assert_bytes(g.pages:cpu(), want.pages, "valid tokens written")
+  end)
+end)
