@@ -323,19 +323,20 @@ int gran_of(const void *p, int64_t stride_bytes, int64_t bytes, int64_t dst_off)
 
 // ---- specialized variants (kv_write_spec.cuh) ----
 
-// MLALAB_KV_WRITE_UT=1|2: tokens per lane group per tile of the specialized variants (tuning).
-int spec_ut() {
+// MLALAB_KV_WRITE_MB=3|4: register budget of the specialized variants, for 3
+// or 4 blocks of 256 threads per SM (tuning).
+int spec_mb() {
   static int v = -1;
   if (v < 0) {
-    const char *e = getenv("MLALAB_KV_WRITE_UT");
-    v = e && e[0] == '2' ? 2 : 1;
+    const char *e = getenv("MLALAB_KV_WRITE_MB");
+    v = e && e[0] == '4' ? 4 : 3;
   }
   return v;
 }
 
-template <class L, int UT> cudaError_t launch_spec(const kvw::wargs &a, cudaStream_t s) {
-  auto k = kvw::write_spec_kernel<L, UT>;
-  constexpr int64_t per_block = (int64_t)(kvw::kSpecThreads / 32) * (32 / kvw::lpt<L>()) * UT;
+template <class L, int MB> cudaError_t launch_spec(const kvw::wargs &a, cudaStream_t s) {
+  auto k = kvw::write_spec_kernel<L, MB>;
+  constexpr int64_t per_block = (int64_t)(kvw::kSpecThreads / 32) * (32 / kvw::lpt<L>());
   k<<<grid_for(k, 0, (a.n + per_block - 1) / per_block), kvw::kSpecThreads, 0, s>>>(a);
   return cudaGetLastError();
 }
@@ -365,7 +366,7 @@ bool try_spec(const mla_kv_cache *c, const mla_kv_ivec *slots, const mla_kv_src_
     a.b_stride = has_b ? 2 * src->b.stride : a.a_stride;
     a.splitc = (int)(split / 8);
     a.bad = bad;
-    *err = spec_ut() == 2 ? launch_spec<L, 2>(a, s) : launch_spec<L, 1>(a, s);
+    *err = spec_mb() == 4 ? launch_spec<L, 4>(a, s) : launch_spec<L, 3>(a, s);
     mla_cuda_kv_note_variant(L::name);
     return true;
   }

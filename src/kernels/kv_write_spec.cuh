@@ -19,7 +19,8 @@
 // encoders of mla/token_access.cuh: bit-identical to the CPU reference.
 //
 // Source rows are read straight from global memory with 16-byte loads, every
-// load of a tile issued before any use; UT tokens per lane group per tile.
+// load of a tile issued before any use; the slot ids one tile ahead. MB: the
+// blocks per SM the registers are budgeted for (__launch_bounds__).
 #ifndef MLA_KV_WRITE_SPEC_CUH
 #define MLA_KV_WRITE_SPEC_CUH
 
@@ -251,9 +252,9 @@ struct wargs {
 
 constexpr int kSpecThreads = 256;
 
-template <class L, int UT>
-__global__ void __launch_bounds__(kSpecThreads, UT == 1 ? 3 : 2) write_spec_kernel(const __grid_constant__ wargs A) {
-  constexpr int P = lpt<L>(), NS = nslots<L>(), TPW = 32 / P, NI = n_items<L>();
+template <class L, int MB>
+__global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __grid_constant__ wargs A) {
+  constexpr int P = lpt<L>(), NS = nslots<L>(), TPW = 32 / P, NI = n_items<L>(), UT = 1;
   constexpr int BS = block_size<L>();
   const int lane = threadIdx.x & 31, sub = lane & (P - 1), grp = lane / P;
   const int lbase = lane & ~(P - 1);
@@ -266,7 +267,10 @@ __global__ void __launch_bounds__(kSpecThreads, UT == 1 ? 3 : 2) write_spec_kern
     constexpr int f = decltype(fc)::value;
     if constexpr (f < nfields<L>()) {
       if constexpr (fld_role<L>(f) == MLA_FIELD_DATA && fld_skind<L>(f) == MLA_SCALE_GROUP)
-        qdiv[f] = mla::make_divisor(fld_qmax<L>(f));
+      {
+        constexpr float qm = fld_qmax<L>(f);
+        qdiv[f] = mla::make_divisor(qm);
+      }
     }
   });
   mla::divisor tdiv;
@@ -274,6 +278,17 @@ __global__ void __launch_bounds__(kSpecThreads, UT == 1 ? 3 : 2) write_spec_kern
 
   const int64_t per_tile = (int64_t)TPW * UT;
   const int64_t ntiles = (A.n + per_tile - 1) / per_tile;
+  // slot ids of the warp's next tile are loaded one tile ahead (the data
+  // loads of a tile depend on them: one latency per tile instead of two)
+  auto load_slot = [&](int64_t tile, int u) -> int64_t {
+    const int64_t t = tile * per_tile + u * TPW + grp;
+    if (tile >= ntiles || t >= A.n) return -1;
+    return A.is64 ? (int64_t)__ldg((const long long *)A.slots + t * A.slot_stride)
+                  : (int64_t)__ldg((const int *)A.slots + t * A.slot_stride);
+  };
+  int64_t next[UT];
+#pragma unroll
+  for (int u = 0; u < UT; u++) next[u] = load_slot(warp, u);
 #pragma unroll 1
   for (int64_t tile = warp; tile < ntiles; tile += nwarps) {
     int64_t tok[UT];
@@ -283,10 +298,8 @@ __global__ void __launch_bounds__(kSpecThreads, UT == 1 ? 3 : 2) write_spec_kern
 #pragma unroll
     for (int u = 0; u < UT; u++) {
       tok[u] = tile * per_tile + u * TPW + grp;
-      int64_t slot = -1;
-      if (tok[u] < A.n)
-        slot = A.is64 ? (int64_t)__ldg((const long long *)A.slots + tok[u] * A.slot_stride)
-                      : (int64_t)__ldg((const int *)A.slots + tok[u] * A.slot_stride);
+      const int64_t slot = next[u];
+      next[u] = load_slot(tile + nwarps, u);
       const int64_t page = (int64_t)((uint64_t)slot / (uint64_t)BS);
       state[u] = slot < 0 ? 0 : page < A.num_pages ? 1 : -1;
       tt[u] = (int)((uint64_t)slot & (uint64_t)(BS - 1));
@@ -307,12 +320,20 @@ __global__ void __launch_bounds__(kSpecThreads, UT == 1 ? 3 : 2) write_spec_kern
     for (int u = 0; u < UT; u++) {
       const bool live = state[u] == 1;
       if (state[u] < 0 && sub == 0) mla_kv::count_bad(A.bad);
+      // token rows of the regions (every descriptor value below is a constexpr:
+      // a runtime call of the accessors would read the host-side descriptor)
       unsigned char *row[MLA_LAYOUT_MAX_REGIONS];
-#pragma unroll
-      for (int r = 0; r < MLA_LAYOUT_MAX_REGIONS; r++)
-        row[r] = r >= nregions<L>() ? nullptr
-                 : r == 0              ? pg[u] + reg_off<L>(0) + (int64_t)tt[u] * A.token_stride
-                                       : pg[u] + reg_off<L>(r) + tt[u] * reg_row<L>(r);
+      static_for<MLA_LAYOUT_MAX_REGIONS>([&](auto rc) {
+        constexpr int r = decltype(rc)::value;
+        if constexpr (r >= nregions<L>()) {
+          row[r] = nullptr;
+        } else {
+          constexpr int64_t ro = reg_off<L>(r);
+          constexpr int rb = reg_row<L>(r);
+          if constexpr (r == 0) row[r] = pg[u] + ro + (int64_t)tt[u] * A.token_stride;
+          else row[r] = pg[u] + ro + tt[u] * rb;
+        }
+      });
 
       // ---- group maxima ----
       uint32_t am[NS];    // per slot: |x| max bits (grouped slots)
@@ -411,8 +432,8 @@ __global__ void __launch_bounds__(kSpecThreads, UT == 1 ? 3 : 2) write_spec_kern
           constexpr int f = item_field<L>(k), sd = fld_sdtype<L>(f);
           float dec;
           const uint32_t code = mla_encode_scale(sd, group_scale<L, f>(gam[k], qdiv[f]), &dec);
-          if (live && sub == 0)
-            store_scale<sd>(row[fld_sregion<L>(f)] + fld_soff<L>(f) + item_group<L>(k) * scale_bytes_of(sd), code);
+          constexpr int sreg = fld_sregion<L>(f), so = fld_soff<L>(f) + item_group<L>(k) * scale_bytes_of(sd);
+          if (live && sub == 0) store_scale<sd>(row[sreg] + so, code);
           idiv[k] = mla::make_divisor(dec);
         });
       } else if constexpr (NI > 1) {
@@ -431,7 +452,8 @@ __global__ void __launch_bounds__(kSpecThreads, UT == 1 ? 3 : 2) write_spec_kern
           });
           float dec;
           const uint32_t code = mla_encode_scale(sd, group_scale<L, f>(a, qdiv[f]), &dec);
-          if (live && k < NI) store_scale<sd>(row[fld_sregion<L>(f)] + fld_soff<L>(f) + k * scale_bytes_of(sd), code);
+          constexpr int sreg = fld_sregion<L>(f), so = fld_soff<L>(f), ss = scale_bytes_of(sd);
+          if (live && k < NI) store_scale<sd>(row[sreg] + so + k * ss, code);
           static_for<P>([&](auto jj) {
             constexpr int j = decltype(jj)::value;
             if constexpr (r * P + j < NI) idiv[r * P + j] = mla::make_divisor(__shfl_sync(0xffffffffu, dec, lbase + j));
@@ -457,8 +479,9 @@ __global__ void __launch_bounds__(kSpecThreads, UT == 1 ? 3 : 2) write_spec_kern
             float dec;
             const uint32_t code = mla_encode_scale(sd, group_scale<L, f>(a, qdiv[f]), &dec);
             // group of chunk P * (i + r) + sub within the field
-            const int g = (P * (i + r) - fld_lo8<L>(f)) / gn + sub / gn;
-            if (live) store_scale<sd>(row[fld_sregion<L>(f)] + fld_soff<L>(f) + g * scale_bytes_of(sd), code);
+            constexpr int lo8 = fld_lo8<L>(f), sreg = fld_sregion<L>(f), so = fld_soff<L>(f), ss = scale_bytes_of(sd);
+            const int g = (P * (i + r) - lo8) / gn + sub / gn;
+            if (live) store_scale<sd>(row[sreg] + so + g * ss, code);
             const int src = lane & ~(gn - 1);
             static_for<gn>([&](auto jj) {
               constexpr int j = decltype(jj)::value;
@@ -474,7 +497,8 @@ __global__ void __launch_bounds__(kSpecThreads, UT == 1 ? 3 : 2) write_spec_kern
           constexpr int i = decltype(ii)::value;
           constexpr int f = slot_field<L>(i), dt = fld_dtype<L>(f), sk = fld_skind<L>(f);
           constexpr int cb = chunk_bytes_of(dt);
-          unsigned char *dst = row[fld_region<L>(f)] + slot_dst<L>(i) + sub * cb;
+          constexpr int reg = fld_region<L>(f), doff = slot_dst<L>(i);
+          unsigned char *dst = row[reg] + doff + sub * cb;
           const uint4 x = w[u][i];
           if constexpr (dt == MLA_BF16) {
             *reinterpret_cast<uint4 *>(dst) = make_uint4(mla::bf16x2_canon_nan(x.x), mla::bf16x2_canon_nan(x.y),
@@ -496,9 +520,10 @@ __global__ void __launch_bounds__(kSpecThreads, UT == 1 ? 3 : 2) write_spec_kern
             constexpr int f = decltype(fc)::value;
             if constexpr (f < nfields<L>()) {
               if constexpr (fld_role<L>(f) == MLA_FIELD_PAD) {
-                unsigned char *p = row[fld_region<L>(f)] + fld_byte_off<L>(f);
+                constexpr int reg = fld_region<L>(f), boff = fld_byte_off<L>(f), cnt = fld_count<L>(f);
+                unsigned char *p = row[reg] + boff;
 #pragma unroll
-                for (int b = 0; b < fld_count<L>(f); b++) p[b] = 0;
+                for (int b = 0; b < cnt; b++) p[b] = 0;
               }
             }
           });
