@@ -9,12 +9,16 @@
 //
 // Per 32-key tile (3 CTA barriers):
 //   1. cp.async of the tile's token rows (8 threads per row, 16-byte copies);
-//   2. warp (tg, half) rebuilds tokens tg*8.. x dims of its half straight into
-//      mma B fragments (as the generic fused path does), S partials of the two
-//      dim halves go to shared memory, V dims to the bf16 V tile;
-//   3. softmax row-wise: warp w owns rows 2w, 2w + 1 (lane = key), keeps their
-//      running max and sum in registers; P (bf16) and the rescale factors to
-//      shared memory;
+//   2. S partials: the K dims are cut into 32-dim quads, scheduled over the 8
+//      warps (fp8 quads first, round robin, then the cheap bf16 ones), each warp
+//      keeping its quads' Q A fragments in registers for the whole kernel. Lane
+//      (g, t4) rebuilds chunk 4q + t4 of tokens g, g + 8, g + 16, g + 24: 8 bf16
+//      that serve directly as the B fragments of two k-steps (the dot product
+//      runs over a permuted dim order, the same for Q); V dims also go to the
+//      bf16 V tile. Each warp's 16 x 32 partial S goes to shared memory;
+//   3. softmax row-wise: warp w owns rows 2w, 2w + 1 (lane = key), sums the 8
+//      partials, keeps the running max and sum in registers; P (bf16) and the
+//      rescale factors to shared memory;
 //   4. O = alpha O + P V, each warp 64 output dims.
 // Semantics are the generic kernel's: same dequantization (fp32 product
 // rounded once to bf16), P rounded to bf16 before P V, same outputs.
@@ -96,7 +100,7 @@ __host__ __device__ constexpr bool spec_ok(const mla_layout_desc &d) {
   if (d.region_row_bytes[0] % 16 || (d.nregions == 2 && d.region_row_bytes[1] % 4)) return false;
   for (int c = 0; c < d.k_dims / 8; c += 4) {
     const spec_chunk a = chunk_at(d, c * 8);
-    if (a.kind == SK_BAD) return false;
+    if (a.kind == SK_BAD || a.kind == SK_ZERO) return false;
     for (int t = 1; t < 4; t++) {
       const spec_chunk b = chunk_at(d, (c + t) * 8);
       if (b.kind != a.kind || b.scale_src != a.scale_src || (a.kind != SK_ZERO && b.src != a.src + t * 8 * a.esize))
@@ -106,11 +110,32 @@ __host__ __device__ constexpr bool spec_ok(const mla_layout_desc &d) {
   return true;
 }
 
+__host__ __device__ constexpr bool is_fp8_kind(int k) { return k >= SK_FP8_ONE && k <= SK_FP8_UE8M0; }
+
+// The k-th 32-dim quad of the S schedule: fp8 quads first, then the others;
+// warp w takes entries w, w + 8, w + 16 (so the bf16 quads land on the warps
+// with fewer fp8 quads). -1 past the end.
+__host__ __device__ constexpr int quad_at(const mla_layout_desc &d, int k) {
+  int n = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int q = 0; q < d.k_dims / 32; q++)
+      if (is_fp8_kind(chunk_at(d, q * 32).kind) == (pass == 0)) {
+        if (n == k) return q;
+        n++;
+      }
+  return -1;
+}
+
+__host__ __device__ constexpr bool has_kind(const mla_layout_desc &d, int kind) {
+  for (int q = 0; q < d.k_dims / 32; q++)
+    if (chunk_at(d, q * 32).kind == kind) return true;
+  return false;
+}
+
 // Shared-memory plan (host and device agree).
 struct spec_smem {
-  int q, p, stages, vb, s_part, alpha, m_fin, l_fin, tok_page, tok_off, total;
+  int p, stages, vb, s_part, alpha, m_fin, l_fin, tok_page, tok_off, total;
 };
-template <int DQK> __host__ __device__ constexpr int qfrag_pair_bytes() { return DQK / 8 * 32 + 16; }
 
 __host__ __device__ inline spec_smem make_spec_smem(int dqk, int pitch, int nstages) {
   spec_smem s{};
@@ -120,11 +145,11 @@ __host__ __device__ inline spec_smem make_spec_smem(int dqk, int pitch, int nsta
     o += (bytes + 15) / 16 * 16;
     return at;
   };
-  s.q = take(8 * (dqk / 8 * 32 + 16));
+  (void)dqk;
   s.p = take(MR * PP * 2);
   s.stages = take(nstages * BN * pitch);
   s.vb = take(BN * VP * 2);
-  s.s_part = take(2 * MR * SP * 4);
+  s.s_part = take(NW * MR * SP * 4);
   s.alpha = take(MR * 4);
   s.m_fin = take(MR * 4);
   s.l_fin = take(MR * 4);
@@ -199,37 +224,53 @@ __device__ __forceinline__ void issue_tile(const params &p, unsigned char *stage
   }
 }
 
-// S partial of one warp: token g of the warp's 8, dims of half HALF; lane t4
-// rebuilds chunks HALF*DQK/16 + 4j + t4, whose 8 bf16 are the B fragments of
-// two k-steps; chunks of V dims also go to the V tile.
-template <class LS, int HALF>
-__device__ __forceinline__ void s_partial(const unsigned char *raw, const unsigned char *qf, unsigned char *vdst, int t4,
-                                          float tscale, float (&acc)[4]) {
-  constexpr int DQK = LS::host.k_dims, NJ = DQK / 64;
-  float odd[4] = {0.f, 0.f, 0.f, 0.f};
-  const unsigned char *rf = raw + t4 * 8, *rb = raw + t4 * 16;
-  static_for<NJ>([&](auto jc) {
-    constexpr int J = decltype(jc)::value;
-    constexpr int CB = HALF * (DQK / 16) + 4 * J; // chunk of lane t4 = 0
-    constexpr spec_chunk C = chunk_at(LS::host, CB * 8);
-    uint4 kv;
-    if constexpr (C.kind == SK_COPY) kv = *reinterpret_cast<const uint4 *>(rb + C.src);
-    else if constexpr (C.kind == SK_ZERO) kv = make_uint4(0, 0, 0, 0);
-    else {
-      float s = 1.0f;
-      if constexpr (C.kind == SK_FP8_TENSOR) s = tscale;
-      else if constexpr (C.kind == SK_FP8_F32) s = *reinterpret_cast<const float *>(raw + C.scale_src);
-      else if constexpr (C.kind == SK_FP8_UE8M0) s = mla_decode_scale(MLA_UE8M0, raw[C.scale_src]);
-      kv = mla::e4m3x8_scaled_bf16(*reinterpret_cast<const uint2 *>(rf + C.src), s);
-    }
-    if constexpr (CB < DV / 8) *reinterpret_cast<uint4 *>(vdst + CB * 16) = kv;
-    const uint4 qa = *reinterpret_cast<const uint4 *>(qf + 128 * J), qb = *reinterpret_cast<const uint4 *>(qf + 128 * J + 16);
-    const uint32_t a0[4] = {qa.x, qa.y, qa.z, qa.w}, a1[4] = {qb.x, qb.y, qb.z, qb.w};
-    mla::mma_bf16_16816(acc, a0, kv.x, kv.y);
-    mla::mma_bf16_16816(odd, a1, kv.z, kv.w);
-  });
+// One quad slot of a warp: quad q (chunks 4q..4q+3, lane t4 takes 4q + t4),
+// its chunk kind, the lane's byte offsets of the 8 values and of the scale in
+// a stage row, and whether its dims are V dims.
+struct slot {
+  int q, kind, src, ssrc, is_v;
+};
+
+template <int KIND>
+__device__ __forceinline__ uint4 convert(const unsigned char *row, const slot &s, float tscale) {
+  if constexpr (KIND == SK_COPY) return *reinterpret_cast<const uint4 *>(row + s.src);
+  else {
+    float sc = 1.0f;
+    if constexpr (KIND == SK_FP8_TENSOR) sc = tscale;
+    else if constexpr (KIND == SK_FP8_F32) sc = *reinterpret_cast<const float *>(row + s.ssrc);
+    else if constexpr (KIND == SK_FP8_UE8M0) sc = mla_decode_scale(MLA_UE8M0, row[s.ssrc]);
+    return mla::e4m3x8_scaled_bf16(*reinterpret_cast<const uint2 *>(row + s.src), sc);
+  }
+}
+
+// The slot's chunks of the 4 token groups of a tile: B fragments for S, V to the V tile.
+template <int KIND, class LS>
+__device__ __forceinline__ void run_slot(const unsigned char *rows, unsigned char *vrow, const slot &s, const uint32_t (&qa)[4],
+                                         const uint32_t (&qb)[4], float tscale, float (&acc)[4][4]) {
+  constexpr int PITCH = stage_pitch(LS::host);
 #pragma unroll
-  for (int e = 0; e < 4; e++) acc[e] += odd[e];
+  for (int nt = 0; nt < 4; nt++) {
+    const uint4 kv = convert<KIND>(rows + nt * 8 * PITCH, s, tscale);
+    if (s.is_v) *reinterpret_cast<uint4 *>(vrow + nt * 8 * VP * 2) = kv;
+    mla::mma_bf16_16816(acc[nt], qa, kv.x, kv.y);
+    mla::mma_bf16_16816(acc[nt], qb, kv.z, kv.w);
+  }
+}
+
+template <class LS>
+__device__ __forceinline__ void dispatch_slot(const unsigned char *rows, unsigned char *vrow, const slot &s, const uint32_t (&qa)[4],
+                                              const uint32_t (&qb)[4], float tscale, float (&acc)[4][4]) {
+  constexpr mla_layout_desc D = LS::host;
+  if constexpr (has_kind(D, SK_FP8_F32))
+    if (s.kind == SK_FP8_F32) return run_slot<SK_FP8_F32, LS>(rows, vrow, s, qa, qb, tscale, acc);
+  if constexpr (has_kind(D, SK_FP8_UE8M0))
+    if (s.kind == SK_FP8_UE8M0) return run_slot<SK_FP8_UE8M0, LS>(rows, vrow, s, qa, qb, tscale, acc);
+  if constexpr (has_kind(D, SK_FP8_TENSOR))
+    if (s.kind == SK_FP8_TENSOR) return run_slot<SK_FP8_TENSOR, LS>(rows, vrow, s, qa, qb, tscale, acc);
+  if constexpr (has_kind(D, SK_FP8_ONE))
+    if (s.kind == SK_FP8_ONE) return run_slot<SK_FP8_ONE, LS>(rows, vrow, s, qa, qb, tscale, acc);
+  if constexpr (has_kind(D, SK_COPY))
+    if (s.kind == SK_COPY) return run_slot<SK_COPY, LS>(rows, vrow, s, qa, qb, tscale, acc);
 }
 
 __device__ __forceinline__ float warp_max(float x) {
@@ -246,11 +287,10 @@ __device__ __forceinline__ float warp_sum(float x) {
 template <class LS>
 __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_constant__ params p) {
   constexpr mla_layout_desc D = LS::host;
-  constexpr int DQK = D.k_dims, PITCH = stage_pitch(D), NCH = DQK / 8;
+  constexpr int DQK = D.k_dims, PITCH = stage_pitch(D), NQ = DQK / 32, NS = (NQ + NW - 1) / NW;
   static_assert(spec_ok(D), "layout outside the specialized kernel's assumptions");
   extern __shared__ __align__(16) unsigned char smem[];
   const spec_smem L = make_spec_smem(DQK, PITCH, p.nstages);
-  unsigned char *Qs = smem + L.q;
   uint16_t *Ps = reinterpret_cast<uint16_t *>(smem + L.p);
   unsigned char *stages = smem + L.stages;
   unsigned char *Vb = smem + L.vb;
@@ -297,28 +337,42 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
     return;
   }
 
-  // Setup: Q as ready A fragments, slots of the first tiles.
+  // Setup: this warp's quad slots and their Q A fragments (registers), slots of the first tiles.
   const float tscale = p.v.tensor_scale ? __ldg(p.v.tensor_scale) : 1.0f;
-  for (int idx = tid; idx < MR * NCH; idx += NT) {
-    const int row = idx / NCH, c = idx - row * NCH;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (row < nrows) {
+  slot sl[NS];
+  uint32_t qa[NS][4], qb[NS][4];
+  static_for<NS>([&](auto ic) {
+    constexpr int I = decltype(ic)::value;
+    slot s{-1, SK_ZERO, 0, 0, 0};
+    static_for<NW>([&](auto wc) {
+      constexpr int W = decltype(wc)::value, Q = quad_at(LS::host, W + NW * I);
+      if constexpr (Q >= 0) {
+        constexpr spec_chunk C = chunk_at(LS::host, Q * 32);
+        if (warp == W) s = slot{Q, C.kind, C.src + t4 * 8 * C.esize, C.scale_src, Q * 4 < DV / 8};
+      }
+    });
+    sl[I] = s;
+    uint4 v[2] = {make_uint4(0, 0, 0, 0), make_uint4(0, 0, 0, 0)};
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int row = g + 8 * hh;
+      if (s.q < 0 || row >= nrows) continue;
       int i, h;
       mla_attn::row_coords(p, qi, row0 + row, i, h);
+      const int c = s.q * 4 + t4;
       const uint16_t *src = p.q + (int64_t)r * p.qs0 + (int64_t)i * p.qs1 + (int64_t)h * p.qs2 + (int64_t)c * 8 * p.qs3;
-      if (p.q_vec) val = __ldg(reinterpret_cast<const uint4 *>(src));
+      if (p.q_vec) v[hh] = __ldg(reinterpret_cast<const uint4 *>(src));
       else {
         uint16_t e[8];
 #pragma unroll
         for (int k = 0; k < 8; k++) e[k] = __ldg(src + k * p.qs3);
-        val = make_uint4(e[0] | (uint32_t)e[1] << 16, e[2] | (uint32_t)e[3] << 16, e[4] | (uint32_t)e[5] << 16,
-                         e[6] | (uint32_t)e[7] << 16);
+        v[hh] = make_uint4(e[0] | (uint32_t)e[1] << 16, e[2] | (uint32_t)e[3] << 16, e[4] | (uint32_t)e[5] << 16,
+                           e[6] | (uint32_t)e[7] << 16);
       }
     }
-    uint32_t *f = reinterpret_cast<uint32_t *>(Qs + (row & 7) * qfrag_pair_bytes<DQK>() + c * 32);
-    const int hi = row >> 3;
-    f[hi] = val.x, f[2 + hi] = val.y, f[4 + hi] = val.z, f[6 + hi] = val.w;
-  }
+    qa[I][0] = v[0].x, qa[I][1] = v[1].x, qa[I][2] = v[0].y, qa[I][3] = v[1].y;
+    qb[I][0] = v[0].z, qb[I][1] = v[1].z, qb[I][2] = v[0].w, qb[I][3] = v[1].w;
+  });
   const int nst = p.nstages;
   for (int st = 0; st < nst; st++)
     for (int n = tid; n < BN; n += NT)
@@ -340,9 +394,9 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
 #pragma unroll
   for (int nt = 0; nt < DV / NW / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.f;
 
-  const int tg = warp & 3, half = warp >> 2, n_s = tg * 8 + g;
-  const unsigned char *qf = Qs + g * qfrag_pair_bytes<DQK>() + (half * (DQK / 16) + t4) * 32;
-  unsigned char *vdst = Vb + n_s * VP * 2 + t4 * 16;
+  unsigned char *vrow[NS];
+#pragma unroll
+  for (int i = 0; i < NS; i++) vrow[i] = Vb + g * VP * 2 + (sl[i].q * 4 + t4) * 16;
 
   const int niter = t_end - t_begin;
   int st = 0;
@@ -359,13 +413,20 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
       mla::cp_async_commit();
     }
     {
-      const unsigned char *raw = stages + st * STAGE_BYTES + n_s * PITCH;
-      float acc[4] = {0.f, 0.f, 0.f, 0.f};
-      if (half) s_partial<LS, 1>(raw, qf, vdst, t4, tscale, acc);
-      else s_partial<LS, 0>(raw, qf, vdst, t4, tscale, acc);
-      float *sp = s_part + half * MR * SP + g * SP + tg * 8 + 2 * t4;
-      *reinterpret_cast<float2 *>(sp) = make_float2(acc[0], acc[1]);
-      *reinterpret_cast<float2 *>(sp + 8 * SP) = make_float2(acc[2], acc[3]);
+      const unsigned char *rows = stages + st * STAGE_BYTES + g * PITCH;
+      float acc[4][4];
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+      static_for<NS>([&](auto ic) {
+        constexpr int I = decltype(ic)::value;
+        if (sl[I].q >= 0) dispatch_slot<LS>(rows, vrow[I], sl[I], qa[I], qb[I], tscale, acc);
+      });
+      float *sp = s_part + warp * MR * SP + g * SP + 2 * t4;
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++) {
+        *reinterpret_cast<float2 *>(sp + nt * 8) = make_float2(acc[nt][0], acc[nt][1]);
+        *reinterpret_cast<float2 *>(sp + nt * 8 + 8 * SP) = make_float2(acc[nt][2], acc[nt][3]);
+      }
     }
     __syncthreads(); // B2: S partials and the V tile are complete
 
@@ -374,7 +435,9 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
 #pragma unroll
       for (int rr = 0; rr < 2; rr++) {
         const int row = 2 * warp + rr;
-        float s = s_part[row * SP + lane] + s_part[MR * SP + row * SP + lane];
+        float s = s_part[row * SP + lane];
+#pragma unroll
+        for (int w = 1; w < NW; w++) s += s_part[w * MR * SP + row * SP + lane];
         s = key_ok && t * BN + lane <= lim[rr] ? s * p.scale_log2 : -CUDART_INF_F;
         const float mnew = fmaxf(m_run[rr], warp_max(s));
         const float base = mnew == -CUDART_INF_F ? 0.f : mnew;
