@@ -271,6 +271,38 @@ describe("specialized KV gathers vs generic vs CPU #gpu", function()
     end
   end)
 
+  it("topk_paged with the block-table row staged in shared memory: columns past the staged 2048, i64 tables, bad columns", function()
+    rng(5000)
+    local q_lens, cols, bs = { 3, 1, 4 }, 3000, 16
+    local bt = {}
+    for r = 1, 3 do
+      bt[r] = {}
+      for j = 1, cols do bt[r][j] = math.random(0, 1 << 20) end
+    end
+    local topk = {}
+    for r = 1, 3 do
+      for _ = 1, q_lens[r] do
+        local row = {}
+        for k = 1, 700 do row[k] = math.random() < 0.1 and -1 or math.random(0, cols * bs - 1) end
+        topk[#topk + 1] = row
+      end
+    end
+    local tk = mla.tensor(topk, "i32")
+    for _, bdt in ipairs { "i32", "i64" } do
+      local btt = mla.tensor(bt, bdt)
+      local a, la = K.topk_paged(tk, btt, bs, { q_lens = q_lens, lens = true })
+      local b, lb = K.topk_paged(tk:cuda(), btt:cuda(), bs, { q_lens = q_lens, lens = true })
+      assert.same(a:totable(), b:cpu():totable())
+      assert.same(la:totable(), lb:cpu():totable())
+      local past = 0
+      for _, row in ipairs(topk) do for _, x in ipairs(row) do if x >= 2048 * bs then past = past + 1 end end end
+      assert.is_true(past > 100) -- lookups beyond the staged columns were exercised
+    end
+    -- a column past the table is counted and raised after the call
+    local small = mla.tensor({ { 1, 2 } }, "i32", "cuda")
+    assert.has_error(function() K.topk_paged(mla.tensor({ { 5, 40 } }, "i32", "cuda"), small, 16) end)
+  end)
+
   it("the switch: specialize() returns the previous setting; a built-in reports its name only when on", function()
     local prev = K.specialize(false)
     assert.is_false(K.specialize(true))

@@ -349,46 +349,28 @@ __global__ void __launch_bounds__(kSpecThreads, 4)
   }
 }
 
-// MLALAB_KV_SPEC_ROWS=1|2|4 rows per warp step, MLALAB_KV_SPEC_GRID=k: k x the
-// resident blocks (tuning; defaults from bench/RESULTS.md).
-inline int env_int(const char *name, int dflt) {
-  const char *e = getenv(name);
-  return e && atoi(e) > 0 ? atoi(e) : dflt;
-}
-
-template <class K> int spec_grid(K kernel, int64_t steps) {
-  static const int mult = env_int("MLALAB_KV_SPEC_GRID", 1);
-  int dev = 0, sms = 0, per_sm = 0;
-  cudaGetDevice(&dev);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kSpecThreads, 0);
-  int64_t g = (int64_t)(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1) * mult;
-  const int64_t need = (steps + kSpecThreads / 32 - 1) / (kSpecThreads / 32);
-  if (need < g) g = need;
-  return g < 1 ? 1 : (int)g;
-}
-
 template <class L, class Src, int RR>
 void spec_gather_launch(const mla_kv_cache *c, const Src &src, int64_t rows, const mla_kv_rows *out,
                         unsigned long long *bad, cudaStream_t s) {
   auto k = spec_gather_kernel<L, Src, RR>;
-  k<<<spec_grid(k, (rows + RR - 1) / RR), kSpecThreads, 0, s>>>(c->view, src, *out, bad);
+  k<<<spec_grid(k, kSpecThreads, (rows + RR - 1) / RR), kSpecThreads, 0, s>>>(c->view, src, *out, bad);
 }
 
-// The specialized variant when one serves c's descriptor (records its name), else the generic kernel.
+// The specialized variant when one serves c's descriptor (records its name),
+// else the generic kernel. Rows per warp step: 2, or 4 for rows of at most
+// 320 bytes (fp4_v41, indexer); MLALAB_KV_SPEC_ROWS=1|2|4 overrides (tuning).
 template <class Src>
 cudaError_t gather_any(const mla_kv_cache *c, const Src &src, int64_t rows, const mla_kv_rows *out,
                        unsigned long long *bad, cudaStream_t s) {
-  static const int rr = env_int("MLALAB_KV_SPEC_ROWS", 2);
+  static const int rr = env_int("MLALAB_KV_SPEC_ROWS", 0);
   const char *name = with_builtin(c->desc, c->view, [&](auto spec) {
     using L = decltype(spec);
     if (rows == 0 || out->cols == 0) return;
     if (rr == 1) spec_gather_launch<L, Src, 1>(c, src, rows, out, bad, s);
-    else if constexpr (L::host.page_bytes / L::host.block_size <= 320) { // 4 rows in registers only for short rows
-      if (rr == 4) spec_gather_launch<L, Src, 4>(c, src, rows, out, bad, s);
-      else spec_gather_launch<L, Src, 2>(c, src, rows, out, bad, s);
-    }
-    else spec_gather_launch<L, Src, 2>(c, src, rows, out, bad, s);
+    else if constexpr (L::host.page_bytes / L::host.block_size <= 320) { // short rows: 4 per step by default
+      if (rr == 2) spec_gather_launch<L, Src, 2>(c, src, rows, out, bad, s);
+      else spec_gather_launch<L, Src, 4>(c, src, rows, out, bad, s);
+    } else spec_gather_launch<L, Src, 2>(c, src, rows, out, bad, s);
   });
   mla_cuda_kv_note_variant(name ? name : "generic");
   if (name) return cudaGetLastError();
@@ -512,7 +494,7 @@ extern "C" cudaError_t mla_cuda_kv_gather_raw(const mla_kv_cache *c, const mla_k
     using L = decltype(spec);
     if (!raw_out_ok<L>(o)) return;
     auto k = spec_raw_kernel<L>;
-    k<<<spec_grid(k, (rows + 31) / 32), kSpecThreads, 0, s>>>(c->view, *g, o, rows, bad);
+    k<<<spec_grid(k, kSpecThreads, (rows + 31) / 32), kSpecThreads, 0, s>>>(c->view, *g, o, rows, bad);
     ran = true;
   });
   mla_cuda_kv_note_variant(ran ? name : "generic");

@@ -232,6 +232,28 @@ template <class Fd> __device__ __forceinline__ uint4 dequant(uint4 raw, uint32_t
   }
 }
 
+// ---- host: launch geometry ----
+
+inline int env_int(const char *name, int dflt) {
+  const char *e = getenv(name);
+  return e && atoi(e) > 0 ? atoi(e) : dflt;
+}
+
+// Blocks for `steps` warp steps: MLALAB_KV_SPEC_GRID (default 4) times the
+// blocks resident at once, capped by the work. Warps loop over the steps, and
+// 4 waves measured faster than one persistent wave (bench/RESULTS.md).
+template <class K> int spec_grid(K kernel, int threads, int64_t steps) {
+  static const int mult = env_int("MLALAB_KV_SPEC_GRID", 4);
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0);
+  int64_t g = (int64_t)(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1) * mult;
+  const int64_t need = (steps + threads / 32 - 1) / (threads / 32);
+  if (need < g) g = need;
+  return g < 1 ? 1 : (int)g;
+}
+
 // ---- host: selection ----
 
 // The name to record for a descriptor served by built-in variant i: the

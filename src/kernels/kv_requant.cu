@@ -307,14 +307,7 @@ bool spec_requant(const mla_kv_cache *src, const mla_kv_cache *dst, int64_t ntok
       if constexpr (requant_ok<LS, LD>()) {
         constexpr int RR = 2;
         auto k = spec_requant_kernel<LS, LD, RR>;
-        int dev = 0, sms = 0, per_sm = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kRqThreads, 0);
-        int64_t g = (int64_t)(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
-        const int64_t need = ((ntok + RR - 1) / RR + kRqThreads / 32 - 1) / (kRqThreads / 32);
-        if (need < g) g = need;
-        k<<<g < 1 ? 1 : (int)g, kRqThreads, 0, s>>>(src->view, dst->view);
+        k<<<spec_grid(k, kRqThreads, (ntok + RR - 1) / RR), kRqThreads, 0, s>>>(src->view, dst->view);
         ran = true;
       }
     });
