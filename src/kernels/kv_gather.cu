@@ -353,23 +353,24 @@ template <class L, class Src, int RR>
 void spec_gather_launch(const mla_kv_cache *c, const Src &src, int64_t rows, const mla_kv_rows *out,
                         unsigned long long *bad, cudaStream_t s) {
   auto k = spec_gather_kernel<L, Src, RR>;
-  k<<<spec_grid(k, kSpecThreads, (rows + RR - 1) / RR), kSpecThreads, 0, s>>>(c->view, src, *out, bad);
+  k<<<spec_grid(k, kSpecThreads, (rows + RR - 1) / RR, 16), kSpecThreads, 0, s>>>(c->view, src, *out, bad);
 }
 
 // The specialized variant when one serves c's descriptor (records its name),
-// else the generic kernel. Rows per warp step: 2, or 4 for rows of at most
-// 320 bytes (fp4_v41, indexer); MLALAB_KV_SPEC_ROWS=1|2|4 overrides (tuning).
+// else the generic kernel. Rows per warp step: 2 (fp4_v41 measured 91.7% of
+// memcpy with 2, 90.4% with 4); MLALAB_KV_SPEC_ROWS=1|2|4 overrides (tuning;
+// 4 only for rows of at most 320 bytes, more would spill).
 template <class Src>
 cudaError_t gather_any(const mla_kv_cache *c, const Src &src, int64_t rows, const mla_kv_rows *out,
                        unsigned long long *bad, cudaStream_t s) {
-  static const int rr = env_int("MLALAB_KV_SPEC_ROWS", 0);
+  static const int rr = env_int("MLALAB_KV_SPEC_ROWS", 2);
   const char *name = with_builtin(c->desc, c->view, [&](auto spec) {
     using L = decltype(spec);
     if (rows == 0 || out->cols == 0) return;
     if (rr == 1) spec_gather_launch<L, Src, 1>(c, src, rows, out, bad, s);
-    else if constexpr (L::host.page_bytes / L::host.block_size <= 320) { // short rows: 4 per step by default
-      if (rr == 2) spec_gather_launch<L, Src, 2>(c, src, rows, out, bad, s);
-      else spec_gather_launch<L, Src, 4>(c, src, rows, out, bad, s);
+    else if constexpr (L::host.page_bytes / L::host.block_size <= 320) {
+      if (rr == 4) spec_gather_launch<L, Src, 4>(c, src, rows, out, bad, s);
+      else spec_gather_launch<L, Src, 2>(c, src, rows, out, bad, s);
     } else spec_gather_launch<L, Src, 2>(c, src, rows, out, bad, s);
   });
   mla_cuda_kv_note_variant(name ? name : "generic");
@@ -494,7 +495,7 @@ extern "C" cudaError_t mla_cuda_kv_gather_raw(const mla_kv_cache *c, const mla_k
     using L = decltype(spec);
     if (!raw_out_ok<L>(o)) return;
     auto k = spec_raw_kernel<L>;
-    k<<<spec_grid(k, kSpecThreads, (rows + 31) / 32), kSpecThreads, 0, s>>>(c->view, *g, o, rows, bad);
+    k<<<spec_grid(k, kSpecThreads, (rows + 31) / 32, 4), kSpecThreads, 0, s>>>(c->view, *g, o, rows, bad);
     ran = true;
   });
   mla_cuda_kv_note_variant(ran ? name : "generic");

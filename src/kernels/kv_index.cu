@@ -22,28 +22,11 @@ __device__ __forceinline__ int64_t request_of(const mla_kv_token_req &q, int64_t
 // A map runs in two steps so that a lane issues the loads of all its entries
 // before it uses any: fetch(r, idx) -> the looked-up value (a block-table
 // entry; -2 for a column past the table), finish(r, idx, fetched, out) -> ok.
-// PAGED: the lookups of a row land on random columns of its block-table
-// row, so a warp load touches ~25 cache lines and the L1 becomes the limit
-// (topk_paged ran at 77% of memcpy while RAGGED, one offset per row, ran at
-// 89%). For a 32-bit table the warp copies the first nst columns of its
-// request's row into shared memory (again only when the request changes) and
-// looks them up there; columns past nst are read from the table.
 struct PagedMap {
   mla_kv_imat bt;
   int64_t bs;
   int64_t out_max;
   int shift; // log2(bs) when bs is a power of two, else -1
-  int nst;   // columns staged per warp (0: none)
-  int *stg;  // this warp's staged row (bound in the kernel)
-  int64_t staged;
-  __device__ void bind(int *smem) { stg = smem + (threadIdx.x >> 5) * nst, staged = -1; }
-  __device__ void prepare(int64_t r, int lane) {
-    if (!nst || r == staged) return;
-    __syncwarp();
-    for (int c = lane; c < nst; c += 32) stg[c] = (int)imat_at(bt, r, c);
-    __syncwarp();
-    staged = r;
-  }
   __device__ int64_t nreq() const { return bt.rows; }
   __device__ void split(int64_t idx, int64_t &j, int64_t &off) const {
     if (shift >= 0) j = idx >> shift, off = idx & (bs - 1);
@@ -52,7 +35,7 @@ struct PagedMap {
   __device__ int64_t fetch(int64_t r, int64_t idx) const {
     int64_t j, off;
     split(idx, j, off);
-    return j < nst ? (int64_t)stg[j] : j < bt.cols ? imat_at(bt, r, j) : -2;
+    return j < bt.cols ? imat_at(bt, r, j) : -2;
   }
   __device__ bool finish(int64_t r, int64_t idx, int64_t page, int64_t &out) const {
     if (page < 0) return false;
@@ -66,9 +49,6 @@ struct PagedMap {
 struct RaggedMap {
   mla_kv_ivec cu_k;
   int64_t out_max;
-  int nst; // 0
-  __device__ void bind(int *) {}
-  __device__ void prepare(int64_t, int) {}
   __device__ int64_t nreq() const { return cu_k.n - 1; }
   __device__ int64_t fetch(int64_t r, int64_t) const { return ivec_at(cu_k, r); }
   __device__ bool finish(int64_t, int64_t idx, int64_t off, int64_t &out) const {
@@ -79,12 +59,9 @@ struct RaggedMap {
 
 // One warp per query token row; TI / TO: the index types of topk and out.
 template <class Map, typename TI, typename TO>
-__global__ void __launch_bounds__(kThreads, 2) topk_kernel(const mla_kv_imat topk, const mla_kv_token_req req, const Map m_,
+__global__ void __launch_bounds__(kThreads) topk_kernel(const mla_kv_imat topk, const mla_kv_token_req req, const Map m,
                                                         const mla_kv_omat out, const mla_kv_omat lens,
                                                         unsigned long long *bad) {
-  extern __shared__ int topk_smem[];
-  Map m = m_;
-  m.bind(topk_smem);
   const int lane = threadIdx.x & 31;
   const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
@@ -99,7 +76,6 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(const mla_kv_imat top
     bool pad = r < 0 && !req.token_req.n; // past cu_q[B]: a padding token
     bool rok = r >= 0 && r < m.nreq();
     if (!rok && !pad && lane == 0) count_bad(bad);
-    if (rok) m.prepare(r, lane); // r is the warp's
     const TI *row = in + t * topk.rs;
     TO *orow = o + t * out.rs;
     int nvalid = 0;
@@ -169,9 +145,7 @@ void launch_topk_typed(const mla_kv_imat *topk, const mla_kv_token_req *req, con
                        const mla_kv_omat &lens, unsigned long long *bad, cudaStream_t s) {
   int64_t work = (topk->rows + kThreads / 32 - 1) / (kThreads / 32);
   auto k = topk_kernel<Map, TI, TO>;
-  const size_t smem = (size_t)m.nst * sizeof(int) * (kThreads / 32);
-  if (smem > 48 * 1024) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-  k<<<grid_for(k, smem, work), kThreads, smem, s>>>(*topk, *req, m, *out, lens, bad);
+  k<<<grid_for(k, 0, work), kThreads, 0, s>>>(*topk, *req, m, *out, lens, bad);
 }
 
 template <class Map>
@@ -264,17 +238,13 @@ extern "C" cudaError_t mla_cuda_kv_topk_paged(const mla_kv_imat *topk, const mla
   int shift = -1;
   for (int k = 0; k < 31; k++)
     if ((int64_t)1 << k == block_size) shift = k;
-  // MLALAB_KV_TOPK_STAGE=0 turns the staging off (tuning); at most 2048 columns (8 KB per warp)
-  static const int stage = getenv("MLALAB_KV_TOPK_STAGE") ? atoi(getenv("MLALAB_KV_TOPK_STAGE")) : 2048;
-  const int64_t nst = block_table->is64 ? 0 : block_table->cols < stage ? block_table->cols : stage;
-  return launch_topk(topk, req, PagedMap{*block_table, block_size, out_max(out), shift, (int)nst, nullptr, -1}, out, lens,
-                     bad, s);
+  return launch_topk(topk, req, PagedMap{*block_table, block_size, out_max(out), shift}, out, lens, bad, s);
 }
 
 extern "C" cudaError_t mla_cuda_kv_topk_ragged(const mla_kv_imat *topk, const mla_kv_token_req *req,
                                                const mla_kv_ivec *cu_k, const mla_kv_omat *out,
                                                const mla_kv_omat *lens, unsigned long long *bad, cudaStream_t s) {
-  return launch_topk(topk, req, RaggedMap{*cu_k, out_max(out), 0}, out, lens, bad, s);
+  return launch_topk(topk, req, RaggedMap{*cu_k, out_max(out)}, out, lens, bad, s);
 }
 
 extern "C" cudaError_t mla_cuda_kv_mark_pages(const mla_kv_imat *idx, int64_t block_size, int64_t num_pages,
