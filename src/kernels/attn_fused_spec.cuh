@@ -2,55 +2,28 @@
 // rows per CTA on a staged (non-bf16) layout whose descriptor equals one of the
 // built-in descriptors (kernels_rtc/include/mla/builtin_layouts.h, selected by
 // mla_layout_desc_same in attn_decode.cu, never by name). The descriptor is a
-// compile-time constant here, so staging (region copies), conversion and the
-// whole work split are straight-line code with immediate offsets. Page / token
+// compile-time constant here, so staging (region copies) and conversion (field,
+// dtype, scale position of every 8-dim chunk) are straight-line code with
+// immediate offsets: no chunk plans, no per-chunk dispatch. Page / token
 // strides, region base offsets of the view and the tensor scale stay runtime.
-//
-// The scale is kept out of the per-element conversion: e4m3 codes are turned
-// into f16 exactly (cvt e4m3x2 -> f16x2, one instruction per pair; every e4m3
-// value is an f16 normal or zero) and the scales are applied per token and
-// scale group to fp32 partial sums:
-//   S[r, n] = (scale * 2^e_r) * sum_p c_p[n] * S_p[r, n]
-// where S_p is one warp's partial (f16 x f16 mma of codes, or bf16 x bf16 of a
-// bf16 RoPE field) over dims of one scale group, c_p[n] the group's scale of
-// token n (or the tensor scale, or 1), and Q is held as Q * 2^-e_r: a power of
-// two per row that puts the row's largest |q| in [2^14, 2^15), so the bf16
-// values of Q are exact in f16 (values below 2^-28 of the row's largest go
-// subnormal). For P V each warp's 64 V dims lie in one scale group (static
-// assert); P is stored once in f16 and the warp multiplies it by the f16 table
-// c_g[n] = s_g[n] / 2^E_g, E_g the running maximum of the group's scale
-// exponents (so the factor stays below 2), rescaling its O when E_g grows and
-// multiplying by 2^E_g at the end (the tensor scale likewise at the end).
-// Rounding therefore differs from the generic kernel: there is no per-element
-// bf16 product (codes are exact; products and sums are fp32), P is rounded to
-// f16 (11 bits) and P * c_g once more to f16 instead of P to bf16 (8 bits); a
-// P * c_g below 2^-14 loses bits (only when token scales of a group differ by
-// more than ~2^14 within a request). The bf16 RoPE V dims of fp8_v4 keep bf16
-// P and bf16 mma. ue8m0 scale bytes decode as 2^(e - 127) for e in 1..254, 0
-// as 0 (the reference's 2^-127 times a code is below 2^-118) and 255 as inf
-// (NaN in the reference: either way the output is not finite). Everything is
-// judged against the double-precision reference with the FlashMLA tolerances.
 //
 // Per 32-key tile (3 CTA barriers):
 //   1. cp.async of the tile's token rows (8 threads per row, 16-byte copies);
-//   2. S partials: the K dims are cut into 32-dim quads; the fp8 quads go to
-//      the warps in contiguous runs of one scale group, the bf16 quads to the
-//      warps with the fewest quads; each warp keeps its quads' Q A fragments
-//      in registers for the whole kernel. Lane (g, t4) rebuilds chunk 4q + t4
-//      of tokens g, g + 8, g + 16, g + 24: 8 values that serve directly as the
-//      B fragments of two k-steps (the dot product runs over a permuted dim
-//      order, the same for Q); V dims also go to the V tile (f16 codes or
-//      bf16). Each warp's 16 x 32 partial S (or two: codes, then bf16) goes
-//      to shared memory;
-//   3. softmax row-wise: warp w owns rows 2w, 2w + 1 (lane = key), sums the
-//      partials times the key's scales, keeps the running max and sum in
-//      registers; P (f16, stored key-major) and the rescale factors to shared
-//      memory; warp j < groups builds the f16 scale table of V group j;
-//   4. O = alpha O + (P * c_g) V, each warp 64 output dims.
+//   2. S partials: the K dims are cut into 32-dim quads, scheduled over the 8
+//      warps (fp8 quads first, round robin, then the cheap bf16 ones), each warp
+//      keeping its quads' Q A fragments in registers for the whole kernel. Lane
+//      (g, t4) rebuilds chunk 4q + t4 of tokens g, g + 8, g + 16, g + 24: 8 bf16
+//      that serve directly as the B fragments of two k-steps (the dot product
+//      runs over a permuted dim order, the same for Q); V dims also go to the
+//      bf16 V tile. Each warp's 16 x 32 partial S goes to shared memory;
+//   3. softmax row-wise: warp w owns rows 2w, 2w + 1 (lane = key), sums the 8
+//      partials, keeps the running max and sum in registers; P (bf16) and the
+//      rescale factors to shared memory;
+//   4. O = alpha O + P V, each warp 64 output dims.
+// Semantics are the generic kernel's: same dequantization (fp32 product
+// rounded once to bf16), P rounded to bf16 before P V, same outputs.
 #ifndef MLA_ATTN_FUSED_SPEC_CUH
 #define MLA_ATTN_FUSED_SPEC_CUH
-
-#include <cuda_fp16.h>
 
 #include <utility>
 
@@ -64,12 +37,9 @@ using mla_attn::DV;
 using mla_attn::params;
 
 constexpr int NW = 8, NT = NW * 32, MR = 16;
-constexpr int PP = BN + 8;    // bf16 P pitch (row-major, for bf16 V dims)
-constexpr int PTP = MR + 8;   // f16 P pitch (key-major): 48-byte rows, ldmatrix.trans without conflicts
-constexpr int VP = DV + 8;    // V tile pitch (16 bits): rows 16 B apart mod 128 for ldmatrix
-constexpr int SP = BN + 8;    // S partial pitch (f32): float2 stores of 4 rows x 4 lanes hit distinct banks
-constexpr int NPMAX = NW + 2; // S partials: one per warp, plus the bf16 partials of at most 2 mixed warps
-constexpr int NSMAX = 4;      // quads per warp
+constexpr int PP = BN + 8;   // P pitch (bf16)
+constexpr int VP = DV + 8;   // V tile pitch (bf16): rows 16 B apart mod 128 for ldmatrix
+constexpr int SP = BN + 8;   // S partial pitch (f32): float2 stores of 4 rows x 4 lanes hit distinct banks
 
 enum spec_kind { SK_ZERO, SK_COPY, SK_FP8_ONE, SK_FP8_TENSOR, SK_FP8_F32, SK_FP8_UE8M0, SK_BAD };
 
@@ -142,106 +112,29 @@ __host__ __device__ constexpr bool spec_ok(const mla_layout_desc &d) {
 
 __host__ __device__ constexpr bool is_fp8_kind(int k) { return k >= SK_FP8_ONE && k <= SK_FP8_UE8M0; }
 
-// How a partial S or a warp's V dims are scaled: absent (no partial), 1, the
-// tensor scale, an f32 or a ue8m0 scale per token at a stage-row offset.
-enum { PK_ABSENT, PK_NONE, PK_TENSOR, PK_F32, PK_UE8M0 };
-// How a warp computes P V: f16 (codes; scale 1 or the tensor scale at the end),
-// f16 with the group table, bf16 (bf16 V dims).
-enum { VK_F16, VK_F16_GROUP, VK_BF16 };
-
-__host__ __device__ constexpr int scale_pk(int kind) {
-  return kind == SK_FP8_TENSOR ? PK_TENSOR : kind == SK_FP8_F32 ? PK_F32 : kind == SK_FP8_UE8M0 ? PK_UE8M0
-       : kind == SK_FP8_ONE ? PK_NONE : PK_ABSENT;
+// The k-th 32-dim quad of the S schedule: fp8 quads first, then the others;
+// warp w takes entries w, w + 8, w + 16 (so the bf16 quads land on the warps
+// with fewer fp8 quads). -1 past the end.
+__host__ __device__ constexpr int quad_at(const mla_layout_desc &d, int k) {
+  int n = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int q = 0; q < d.k_dims / 32; q++)
+      if (is_fp8_kind(chunk_at(d, q * 32).kind) == (pass == 0)) {
+        if (n == k) return q;
+        n++;
+      }
+  return -1;
 }
 
-// The work split of a descriptor, all compile time.
-struct spec_plan {
-  int ok;
-  int nf[NW], ns[NW], quad[NW][NSMAX]; // fp8 quads, all quads (fp8 first) of each warp
-  int fpart[NW], bpart[NW], np;        // partial index of the warp's fp8 / bf16 sums, partial count
-  int pkind[NPMAX], psrc[NPMAX];       // scale of each partial
-  int vk[NW], vpk[NW], vgrp[NW];       // P V of each warp: VK_*, its PK_*, its table
-  int ng, gkind[NW], gsrc[NW];         // V scale groups (tables): PK_F32 / PK_UE8M0, stage offset
-  int nsmax, has_bf16_v, has_fp8, has_copy;
-};
-
-__host__ __device__ constexpr bool same_scale(const mla_layout_desc &d, int qa, int qb) {
-  return chunk_at(d, qa * 32).kind == chunk_at(d, qb * 32).kind && chunk_at(d, qa * 32).scale_src == chunk_at(d, qb * 32).scale_src;
+__host__ __device__ constexpr bool has_kind(const mla_layout_desc &d, int kind) {
+  for (int q = 0; q < d.k_dims / 32; q++)
+    if (chunk_at(d, q * 32).kind == kind) return true;
+  return false;
 }
-
-__host__ __device__ constexpr spec_plan make_plan(const mla_layout_desc &d) {
-  spec_plan P{};
-  P.ok = spec_ok(d) ? 1 : 0;
-  if (!P.ok) return P;
-  int fq[32] = {}, bq[32] = {}, F = 0, B = 0;
-  for (int q = 0; q < d.k_dims / 32; q++) {
-    if (is_fp8_kind(chunk_at(d, q * 32).kind)) fq[F++] = q;
-    else bq[B++] = q;
-  }
-  // fp8 quads in contiguous runs of one scale: balanced if that holds, else ceil(F / NW) per warp
-  int lo[NW + 1] = {};
-  for (int mode = 0; mode < 2; mode++) {
-    const int per = (F + NW - 1) / NW;
-    for (int w = 0; w <= NW; w++) lo[w] = mode == 0 ? w * F / NW : (w * per < F ? w * per : F);
-    bool fine = true;
-    for (int w = 0; w < NW; w++)
-      for (int k = lo[w] + 1; k < lo[w + 1]; k++) fine = fine && same_scale(d, fq[lo[w]], fq[k]);
-    if (fine) break;
-    if (mode == 1) P.ok = 0;
-  }
-  for (int w = 0; w < NW; w++) {
-    P.nf[w] = P.ns[w] = lo[w + 1] - lo[w];
-    if (P.nf[w] > NSMAX) P.ok = 0;
-    for (int k = 0; k < P.nf[w] && k < NSMAX; k++) P.quad[w][k] = fq[lo[w] + k];
-  }
-  for (int b = 0; b < B; b++) { // bf16 quads: to the warp with the fewest quads
-    int best = 0;
-    for (int w = 1; w < NW; w++)
-      if (P.ns[w] < P.ns[best]) best = w;
-    if (P.ns[best] >= NSMAX) P.ok = 0;
-    else P.quad[best][P.ns[best]++] = bq[b];
-  }
-  P.np = NW;
-  for (int w = 0; w < NW; w++) {
-    P.nsmax = P.ns[w] > P.nsmax ? P.ns[w] : P.nsmax;
-    P.pkind[w] = PK_ABSENT;
-    if (P.nf[w] > 0) {
-      const spec_chunk c = chunk_at(d, P.quad[w][0] * 32);
-      P.fpart[w] = w, P.pkind[w] = scale_pk(c.kind), P.psrc[w] = c.scale_src;
-    }
-    if (P.ns[w] > P.nf[w]) {
-      if (P.nf[w] == 0) P.bpart[w] = w, P.pkind[w] = PK_NONE;
-      else if (P.np < NPMAX) P.bpart[w] = P.np, P.pkind[P.np] = PK_NONE, P.np++;
-      else P.ok = 0;
-    }
-  }
-  // V: each warp's DV / NW dims of one kind and one scale
-  for (int w = 0; w < NW; w++) {
-    const spec_chunk c = chunk_at(d, w * (DV / NW));
-    for (int k = 1; k < DV / NW / 8; k++) {
-      const spec_chunk e = chunk_at(d, w * (DV / NW) + 8 * k);
-      if (e.kind != c.kind || e.scale_src != c.scale_src) P.ok = 0;
-    }
-    if (c.kind == SK_COPY) P.vk[w] = VK_BF16, P.vpk[w] = PK_NONE, P.has_bf16_v = 1;
-    else if (c.kind == SK_FP8_F32 || c.kind == SK_FP8_UE8M0) {
-      int j = 0;
-      while (j < P.ng && P.gsrc[j] != c.scale_src) j++;
-      if (j == P.ng) P.gkind[j] = scale_pk(c.kind), P.gsrc[j] = c.scale_src, P.ng++;
-      P.vk[w] = VK_F16_GROUP, P.vpk[w] = scale_pk(c.kind), P.vgrp[w] = j;
-    } else if (c.kind == SK_FP8_TENSOR || c.kind == SK_FP8_ONE) P.vk[w] = VK_F16, P.vpk[w] = scale_pk(c.kind);
-    else P.ok = 0;
-  }
-  P.has_fp8 = F > 0, P.has_copy = B > 0;
-  return P;
-}
-
-template <class LS> struct spec_traits {
-  static constexpr spec_plan plan = make_plan(LS::host);
-};
 
 // Shared-memory plan (host and device agree).
 struct spec_smem {
-  int pt, pb, stages, vb, s_part, alpha, beta, desc, m_fin, l_fin, qmax, ctab, tok_page, tok_off, total;
+  int p, stages, vb, s_part, alpha, m_fin, l_fin, tok_page, tok_off, total;
 };
 
 __host__ __device__ inline spec_smem make_spec_smem(int dqk, int pitch, int nstages) {
@@ -253,18 +146,13 @@ __host__ __device__ inline spec_smem make_spec_smem(int dqk, int pitch, int nsta
     return at;
   };
   (void)dqk;
-  s.pt = take(BN * PTP * 2);
-  s.pb = take(MR * PP * 2);
+  s.p = take(MR * PP * 2);
   s.stages = take(nstages * BN * pitch);
   s.vb = take(BN * VP * 2);
-  s.s_part = take(NPMAX * MR * SP * 4);
+  s.s_part = take(NW * MR * SP * 4);
   s.alpha = take(MR * 4);
-  s.beta = take(NW * 4);
-  s.desc = take(NW * 4);
   s.m_fin = take(MR * 4);
   s.l_fin = take(MR * 4);
-  s.qmax = take(NW * MR * 4);
-  s.ctab = take(NW * BN * 2);
   s.tok_page = take(nstages * BN * 4);
   s.tok_off = take(nstages * BN * 4);
   s.total = o;
@@ -287,9 +175,8 @@ MLA_ATTN_SPEC_DEF(fp8_ds_mla, MLA_BUILTIN_DESC_fp8_ds_mla)
 MLA_ATTN_SPEC_DEF(fp8_v4, MLA_BUILTIN_DESC_fp8_v4)
 #undef MLA_ATTN_SPEC_DEF
 
-static_assert(spec_traits<spec_fp8_pertensor>::plan.ok && spec_traits<spec_fp8_ds_mla>::plan.ok &&
-                  spec_traits<spec_fp8_v4>::plan.ok,
-              "built-in fp8 layouts fit the specialized decode kernel (one scale per warp's quads and V dims)");
+static_assert(spec_ok(spec_fp8_pertensor::host) && spec_ok(spec_fp8_ds_mla::host) && spec_ok(spec_fp8_v4::host),
+              "built-in fp8 layouts fit the specialized decode kernel");
 
 template <int... J, class F> __device__ __forceinline__ void static_for_(std::integer_sequence<int, J...>, F &&f) {
   (f(std::integral_constant<int, J>{}), ...);
@@ -337,76 +224,53 @@ __device__ __forceinline__ void issue_tile(const params &p, unsigned char *stage
   }
 }
 
-// Exact e4m3 -> f16 of 4 codes (byte i = element i): two f16x2 words.
-__device__ __forceinline__ uint2 e4m3x4_f16(uint32_t w) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-  uint32_t a, b;
-  asm("{\n .reg .b16 l, h;\n mov.b32 {l, h}, %2;\n cvt.rn.f16x2.e4m3x2 %0, l;\n cvt.rn.f16x2.e4m3x2 %1, h;\n}\n"
-      : "=r"(a), "=r"(b)
-      : "r"(w));
-  return make_uint2(a, b);
-#else
-  const __half2_raw l = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w >> 16), __NV_E4M3);
-  return make_uint2((uint32_t)l.x | (uint32_t)l.y << 16, (uint32_t)h.x | (uint32_t)h.y << 16);
-#endif
-}
-
-__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
-  uint32_t r;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
-  return r;
-}
-
-__device__ __forceinline__ uint32_t hmul2(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-
-// d += a * b, f16 inputs, fp32 accumulators
-__device__ __forceinline__ void mma_f16_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-               "{%0, %1, %2, %3};\n"
-               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// The scale of a token (stage row) for a PK_F32 / PK_UE8M0 source.
-template <int PK, int SRC> __device__ __forceinline__ float token_scale(const unsigned char *row) {
-  if constexpr (PK == PK_F32) return *reinterpret_cast<const float *>(row + SRC);
-  else return __uint_as_float((uint32_t)row[SRC] << 23);
-}
-
 // One quad slot of a warp: quad q (chunks 4q..4q+3, lane t4 takes 4q + t4),
-// f16 codes (SK_FP8_ONE) or a bf16 copy (SK_COPY), the lane's byte offset of
-// the 8 values in a stage row, and whether its dims are V dims.
+// its chunk kind, the lane's byte offsets of the 8 values and of the scale in
+// a stage row, and whether its dims are V dims.
 struct slot {
-  int q, kind, src, is_v;
+  int q, kind, src, ssrc, is_v;
 };
 
+template <int KIND>
+__device__ __forceinline__ uint4 convert(const unsigned char *row, const slot &s, float tscale) {
+  if constexpr (KIND == SK_COPY) return *reinterpret_cast<const uint4 *>(row + s.src);
+  else {
+    float sc = 1.0f;
+    if constexpr (KIND == SK_FP8_TENSOR) sc = tscale;
+    else if constexpr (KIND == SK_FP8_F32) sc = *reinterpret_cast<const float *>(row + s.ssrc);
+    else if constexpr (KIND == SK_FP8_UE8M0) sc = mla_decode_scale(MLA_UE8M0, row[s.ssrc]);
+    return mla::e4m3x8_scaled_bf16(*reinterpret_cast<const uint2 *>(row + s.src), sc);
+  }
+}
+
 // The slot's chunks of the 4 token groups of a tile: B fragments for S, V to the V tile.
-template <int KIND, int PITCH>
+template <int KIND, class LS>
 __device__ __forceinline__ void run_slot(const unsigned char *rows, unsigned char *vrow, const slot &s, const uint32_t (&qa)[4],
-                                         const uint32_t (&qb)[4], float (&acc)[4][4]) {
+                                         const uint32_t (&qb)[4], float tscale, float (&acc)[4][4]) {
+  constexpr int PITCH = stage_pitch(LS::host);
 #pragma unroll
   for (int nt = 0; nt < 4; nt++) {
-    uint4 kv;
-    if constexpr (KIND == SK_COPY) kv = *reinterpret_cast<const uint4 *>(rows + nt * 8 * PITCH + s.src);
-    else {
-      const uint2 raw = *reinterpret_cast<const uint2 *>(rows + nt * 8 * PITCH + s.src);
-      const uint2 a = e4m3x4_f16(raw.x), b = e4m3x4_f16(raw.y);
-      kv = make_uint4(a.x, a.y, b.x, b.y);
-    }
+    const uint4 kv = convert<KIND>(rows + nt * 8 * PITCH, s, tscale);
     if (s.is_v) *reinterpret_cast<uint4 *>(vrow + nt * 8 * VP * 2) = kv;
-    if constexpr (KIND == SK_COPY) {
-      mla::mma_bf16_16816(acc[nt], qa, kv.x, kv.y);
-      mla::mma_bf16_16816(acc[nt], qb, kv.z, kv.w);
-    } else {
-      mma_f16_16816(acc[nt], qa, kv.x, kv.y);
-      mma_f16_16816(acc[nt], qb, kv.z, kv.w);
-    }
+    mla::mma_bf16_16816(acc[nt], qa, kv.x, kv.y);
+    mla::mma_bf16_16816(acc[nt], qb, kv.z, kv.w);
   }
+}
+
+template <class LS>
+__device__ __forceinline__ void dispatch_slot(const unsigned char *rows, unsigned char *vrow, const slot &s, const uint32_t (&qa)[4],
+                                              const uint32_t (&qb)[4], float tscale, float (&acc)[4][4]) {
+  constexpr mla_layout_desc D = LS::host;
+  if constexpr (has_kind(D, SK_FP8_F32))
+    if (s.kind == SK_FP8_F32) return run_slot<SK_FP8_F32, LS>(rows, vrow, s, qa, qb, tscale, acc);
+  if constexpr (has_kind(D, SK_FP8_UE8M0))
+    if (s.kind == SK_FP8_UE8M0) return run_slot<SK_FP8_UE8M0, LS>(rows, vrow, s, qa, qb, tscale, acc);
+  if constexpr (has_kind(D, SK_FP8_TENSOR))
+    if (s.kind == SK_FP8_TENSOR) return run_slot<SK_FP8_TENSOR, LS>(rows, vrow, s, qa, qb, tscale, acc);
+  if constexpr (has_kind(D, SK_FP8_ONE))
+    if (s.kind == SK_FP8_ONE) return run_slot<SK_FP8_ONE, LS>(rows, vrow, s, qa, qb, tscale, acc);
+  if constexpr (has_kind(D, SK_COPY))
+    if (s.kind == SK_COPY) return run_slot<SK_COPY, LS>(rows, vrow, s, qa, qb, tscale, acc);
 }
 
 __device__ __forceinline__ float warp_max(float x) {
@@ -420,36 +284,20 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
-__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
-
-// 2^k per row that puts the row's largest |q| (m) in [2^14, 2^15): k = 141 - exponent(m), clamped.
-__device__ __forceinline__ int q_shift(float m) {
-  const int e = (int)(__float_as_uint(m) >> 23);
-  return min(max(141 - e, -126), 126);
-}
-
 template <class LS>
 __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_constant__ params p) {
   constexpr mla_layout_desc D = LS::host;
-  using TR = spec_traits<LS>; // TR::plan: the work split (a local constexpr object would be captured)
-  constexpr int PITCH = stage_pitch(D), NS = TR::plan.nsmax, NP = TR::plan.np, NG = TR::plan.ng, HBV = TR::plan.has_bf16_v;
-  static_assert(TR::plan.ok, "layout outside the specialized kernel's assumptions");
-  static_assert(DV / NW == 64 && NG <= NW, "each warp's P V dims lie in one scale group");
+  constexpr int DQK = D.k_dims, PITCH = stage_pitch(D), NQ = DQK / 32, NS = (NQ + NW - 1) / NW;
+  static_assert(spec_ok(D), "layout outside the specialized kernel's assumptions");
   extern __shared__ __align__(16) unsigned char smem[];
-  const spec_smem L = make_spec_smem(D.k_dims, PITCH, p.nstages);
-  uint16_t *Pt = reinterpret_cast<uint16_t *>(smem + L.pt);
-  uint16_t *Ps = reinterpret_cast<uint16_t *>(smem + L.pb);
+  const spec_smem L = make_spec_smem(DQK, PITCH, p.nstages);
+  uint16_t *Ps = reinterpret_cast<uint16_t *>(smem + L.p);
   unsigned char *stages = smem + L.stages;
   unsigned char *Vb = smem + L.vb;
   float *s_part = reinterpret_cast<float *>(smem + L.s_part);
   float *alpha_s = reinterpret_cast<float *>(smem + L.alpha);
-  float *beta_s = reinterpret_cast<float *>(smem + L.beta);
-  float *desc_s = reinterpret_cast<float *>(smem + L.desc);
   float *m_fin = reinterpret_cast<float *>(smem + L.m_fin);
   float *l_fin = reinterpret_cast<float *>(smem + L.l_fin);
-  float *qmax_s = reinterpret_cast<float *>(smem + L.qmax);
-  uint16_t *ctab = reinterpret_cast<uint16_t *>(smem + L.ctab);
   int *tok_page = reinterpret_cast<int *>(smem + L.tok_page);
   int *tok_off = reinterpret_cast<int *>(smem + L.tok_off);
   constexpr int STAGE_BYTES = BN * PITCH;
@@ -489,26 +337,18 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
     return;
   }
 
-  // Setup: this warp's share of the plan, its quad slots and their Q A fragments (registers).
+  // Setup: this warp's quad slots and their Q A fragments (registers), slots of the first tiles.
   const float tscale = p.v.tensor_scale ? __ldg(p.v.tensor_scale) : 1.0f;
-  int nsw = 0, nfw = 0, fpart = 0, bpart = 0, vk = VK_F16, vpk = PK_NONE, vgrp = 0;
-  static_for<NW>([&](auto wc) {
-    constexpr int W = decltype(wc)::value;
-    constexpr int A0 = TR::plan.ns[W], A1 = TR::plan.nf[W], A2 = TR::plan.fpart[W], A3 = TR::plan.bpart[W];
-    constexpr int A4 = TR::plan.vk[W], A5 = TR::plan.vpk[W], A6 = TR::plan.vgrp[W];
-    if (warp == W) nsw = A0, nfw = A1, fpart = A2, bpart = A3, vk = A4, vpk = A5, vgrp = A6;
-  });
   slot sl[NS];
   uint32_t qa[NS][4], qb[NS][4];
-  float qm[2] = {0.f, 0.f};
   static_for<NS>([&](auto ic) {
     constexpr int I = decltype(ic)::value;
-    slot s{-1, SK_ZERO, 0, 0};
+    slot s{-1, SK_ZERO, 0, 0, 0};
     static_for<NW>([&](auto wc) {
-      constexpr int W = decltype(wc)::value, Q = I < TR::plan.ns[W] ? TR::plan.quad[W][I] : -1;
+      constexpr int W = decltype(wc)::value, Q = quad_at(LS::host, W + NW * I);
       if constexpr (Q >= 0) {
         constexpr spec_chunk C = chunk_at(LS::host, Q * 32);
-        if (warp == W) s = slot{Q, C.kind == SK_COPY ? SK_COPY : SK_FP8_ONE, C.src + t4 * 8 * C.esize, Q * 4 < DV / 8};
+        if (warp == W) s = slot{Q, C.kind, C.src + t4 * 8 * C.esize, C.scale_src, Q * 4 < DV / 8};
       }
     });
     sl[I] = s;
@@ -529,19 +369,10 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
         v[hh] = make_uint4(e[0] | (uint32_t)e[1] << 16, e[2] | (uint32_t)e[3] << 16, e[4] | (uint32_t)e[5] << 16,
                            e[6] | (uint32_t)e[7] << 16);
       }
-      const uint32_t w4[4] = {v[hh].x, v[hh].y, v[hh].z, v[hh].w};
-#pragma unroll
-      for (int k = 0; k < 4; k++) qm[hh] = fmaxf(qm[hh], fmaxf(fabsf(bf16_lo(w4[k])), fabsf(bf16_hi(w4[k]))));
     }
     qa[I][0] = v[0].x, qa[I][1] = v[1].x, qa[I][2] = v[0].y, qa[I][3] = v[1].y;
     qb[I][0] = v[0].z, qb[I][1] = v[1].z, qb[I][2] = v[0].w, qb[I][3] = v[1].w;
   });
-#pragma unroll
-  for (int hh = 0; hh < 2; hh++) {
-    qm[hh] = fmaxf(qm[hh], __shfl_xor_sync(0xffffffffu, qm[hh], 1));
-    qm[hh] = fmaxf(qm[hh], __shfl_xor_sync(0xffffffffu, qm[hh], 2));
-    if (t4 == 0) qmax_s[warp * MR + g + 8 * hh] = qm[hh];
-  }
   const int nst = p.nstages;
   for (int st = 0; st < nst; st++)
     for (int n = tid; n < BN; n += NT)
@@ -551,31 +382,6 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
     if (t_begin + st < t_end) issue_tile<LS>(p, stages + st * STAGE_BYTES, tok_page + st * BN, tok_off + st * BN);
     mla::cp_async_commit();
   }
-  // Q * 2^k_row: f16 for the code quads, bf16 for the bf16 quads (both exact); S is scaled back by 2^-k_row.
-  float rowf[2];
-  {
-    float fac[2];
-#pragma unroll
-    for (int hh = 0; hh < 2; hh++) {
-      float m = 0.f, m2 = 0.f;
-#pragma unroll
-      for (int w = 0; w < NW; w++) m = fmaxf(m, qmax_s[w * MR + g + 8 * hh]), m2 = fmaxf(m2, qmax_s[w * MR + 2 * warp + hh]);
-      fac[hh] = __uint_as_float((uint32_t)(q_shift(m) + 127) << 23);
-      rowf[hh] = p.scale_log2 * __uint_as_float((uint32_t)(127 - q_shift(m2)) << 23);
-    }
-    static_for<NS>([&](auto ic) {
-      constexpr int I = decltype(ic)::value;
-      const bool f16 = sl[I].kind != SK_COPY;
-#pragma unroll
-      for (int k = 0; k < 4; k++) {
-        const float f = fac[k & 1]; // registers 0, 2: row g; 1, 3: row g + 8
-        const float a0 = bf16_lo(qa[I][k]) * f, a1 = bf16_hi(qa[I][k]) * f;
-        const float b0 = bf16_lo(qb[I][k]) * f, b1 = bf16_hi(qb[I][k]) * f;
-        qa[I][k] = f16 ? pack_f16x2(a0, a1) : mla::pack_bf16x2(a0, a1);
-        qb[I][k] = f16 ? pack_f16x2(b0, b1) : mla::pack_bf16x2(b0, b1);
-      }
-    });
-  }
 
   // Softmax rows of this warp: 2w and 2w + 1 (running max and sum in registers).
   const bool causal = !p.sparse && p.causal && p.s_q > 1;
@@ -583,7 +389,6 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
   float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, l_run[2] = {0.f, 0.f};
 #pragma unroll
   for (int rr = 0; rr < 2; rr++) lim[rr] = causal ? s_k - p.s_q + (row0 + 2 * warp + rr) / p.h_q : 0x7fffffff;
-  int e_run = 0; // warp j < NG: running maximum exponent of V group j's scales
 
   float o[DV / NW / 8][4];
 #pragma unroll
@@ -593,16 +398,6 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
 #pragma unroll
   for (int i = 0; i < NS; i++) vrow[i] = Vb + g * VP * 2 + (sl[i].q * 4 + t4) * 16;
 
-  auto store_part = [&](int pi, float (&acc)[4][4]) {
-    float *sp = s_part + pi * MR * SP + g * SP + 2 * t4;
-#pragma unroll
-    for (int nt = 0; nt < 4; nt++) {
-      *reinterpret_cast<float2 *>(sp + nt * 8) = make_float2(acc[nt][0], acc[nt][1]);
-      *reinterpret_cast<float2 *>(sp + nt * 8 + 8 * SP) = make_float2(acc[nt][2], acc[nt][3]);
-      acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
-    }
-  };
-
   const int niter = t_end - t_begin;
   int st = 0;
   for (int u = 0; u < niter; u++, st = st + 1 == nst ? 0 : st + 1) {
@@ -611,7 +406,7 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
     if (tid < BN) mla_attn::token_of(p, r, qi, nkeys, t + nst, tid, pf_page, pf_off);
 
     mla_attn::wait_stages(nst);
-    __syncthreads(); // B1: tile t landed; tile t - 1 is done with its stage, V tile, P, tables and factors
+    __syncthreads(); // B1: tile t landed; tile t - 1 is done with its stage, V tile, P and alpha
     {
       const int ist = st == 0 ? nst - 1 : st - 1;
       if (t + nst - 1 < t_end) issue_tile<LS>(p, stages + ist * STAGE_BYTES, tok_page + ist * BN, tok_off + ist * BN);
@@ -624,112 +419,56 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
       for (int nt = 0; nt < 4; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
       static_for<NS>([&](auto ic) {
         constexpr int I = decltype(ic)::value;
-        if constexpr (NP > NW) // a warp with code and bf16 quads: the code sum is one partial, the bf16 sum another
-          if (I == nfw && nfw > 0 && nsw > nfw) store_part(fpart, acc);
-        if (I < nsw) {
-          if constexpr (TR::plan.has_fp8 && TR::plan.has_copy) {
-            if (sl[I].kind == SK_COPY) run_slot<SK_COPY, PITCH>(rows, vrow[I], sl[I], qa[I], qb[I], acc);
-            else run_slot<SK_FP8_ONE, PITCH>(rows, vrow[I], sl[I], qa[I], qb[I], acc);
-          } else if constexpr (TR::plan.has_fp8) run_slot<SK_FP8_ONE, PITCH>(rows, vrow[I], sl[I], qa[I], qb[I], acc);
-          else run_slot<SK_COPY, PITCH>(rows, vrow[I], sl[I], qa[I], qb[I], acc);
-        }
+        if (sl[I].q >= 0) dispatch_slot<LS>(rows, vrow[I], sl[I], qa[I], qb[I], tscale, acc);
       });
-      if (nsw > 0) store_part(nsw > nfw ? bpart : fpart, acc);
+      float *sp = s_part + warp * MR * SP + g * SP + 2 * t4;
+#pragma unroll
+      for (int nt = 0; nt < 4; nt++) {
+        *reinterpret_cast<float2 *>(sp + nt * 8) = make_float2(acc[nt][0], acc[nt][1]);
+        *reinterpret_cast<float2 *>(sp + nt * 8 + 8 * SP) = make_float2(acc[nt][2], acc[nt][3]);
+      }
     }
     __syncthreads(); // B2: S partials and the V tile are complete
 
     {
-      const unsigned char *krow = stages + st * STAGE_BYTES + lane * PITCH;
       const bool key_ok = tok_page[st * BN + lane] >= 0;
-      float pv[2];
 #pragma unroll
       for (int rr = 0; rr < 2; rr++) {
         const int row = 2 * warp + rr;
-        float s = 0.f;
-        static_for<NP>([&](auto pc) {
-          constexpr int PI = decltype(pc)::value, K = TR::plan.pkind[PI], SRC = TR::plan.psrc[PI];
-          if constexpr (K != PK_ABSENT) {
-            const float x = s_part[PI * MR * SP + row * SP + lane];
-            if constexpr (K == PK_NONE) s += x;
-            else if constexpr (K == PK_TENSOR) s = fmaf(x, tscale, s);
-            else s = fmaf(x, token_scale<K, SRC>(krow), s);
-          }
-        });
-        s = key_ok && t * BN + lane <= lim[rr] ? s * rowf[rr] : -CUDART_INF_F;
+        float s = s_part[row * SP + lane];
+#pragma unroll
+        for (int w = 1; w < NW; w++) s += s_part[w * MR * SP + row * SP + lane];
+        s = key_ok && t * BN + lane <= lim[rr] ? s * p.scale_log2 : -CUDART_INF_F;
         const float mnew = fmaxf(m_run[rr], warp_max(s));
         const float base = mnew == -CUDART_INF_F ? 0.f : mnew;
-        pv[rr] = exp2f(s - base);
-        if constexpr (TR::plan.has_bf16_v) Ps[row * PP + lane] = mla_attn::to_bf16_bits(pv[rr]);
+        const float pv = exp2f(s - base);
+        Ps[row * PP + lane] = mla_attn::to_bf16_bits(pv);
         const float alpha = m_run[rr] == -CUDART_INF_F ? 0.f : exp2f(m_run[rr] - mnew);
-        l_run[rr] = l_run[rr] * alpha + warp_sum(pv[rr]);
+        l_run[rr] = l_run[rr] * alpha + warp_sum(pv);
         m_run[rr] = mnew;
         if (lane == 0) alpha_s[row] = alpha;
       }
-      *reinterpret_cast<uint32_t *>(Pt + lane * PTP + 2 * warp) = pack_f16x2(pv[0], pv[1]);
-      if constexpr (NG > 0) {
-        if (warp < NG) { // the f16 scale table of V group j = warp: s / 2^(E_j - 127) < 2
-          float sj = 0.f;
-          static_for<NG>([&](auto jc) {
-            constexpr int J = decltype(jc)::value;
-            if (warp == J) sj = token_scale<TR::plan.gkind[J], TR::plan.gsrc[J]>(krow);
-          });
-          const int emax = (int)__reduce_max_sync(0xffffffffu, (__float_as_uint(sj) >> 23) & 0xffu);
-          const int e_new = min(max(e_run, emax), 253);
-          ctab[warp * BN + lane] = __half_as_ushort(__float2half_rn(sj * __uint_as_float((uint32_t)(254 - e_new) << 23)));
-          if (lane == 0) {
-            const int d = 127 + e_run - e_new;
-            beta_s[warp] = d >= 1 ? __uint_as_float((uint32_t)d << 23) : 0.f;
-            desc_s[warp] = __uint_as_float(e_new >= 1 ? (uint32_t)e_new << 23 : 0x00400000u);
-          }
-          e_run = e_new;
-        }
-      }
     }
-    __syncthreads(); // B3: P, tables and factors are complete
+    __syncthreads(); // B3: P and alpha are complete
 
     {
-      float al0 = alpha_s[g], al1 = alpha_s[g + 8];
-      if (vk == VK_F16_GROUP) {
-        const float b = beta_s[vgrp];
-        al0 *= b, al1 *= b;
-      }
+      const float al0 = alpha_s[g], al1 = alpha_s[g + 8];
       if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {
 #pragma unroll
         for (int nt = 0; nt < DV / NW / 8; nt++) o[nt][0] *= al0, o[nt][1] *= al0, o[nt][2] *= al1, o[nt][3] *= al1;
       }
     }
-    if (HBV && vk == VK_BF16) {
 #pragma unroll
-      for (int ks = 0; ks < BN / 16; ks++) {
-        uint32_t pa[4];
-        mla::ldmatrix_x4(pa, mla::smem_addr(Ps + (lane & 15) * PP + ks * 16 + (lane >> 4) * 8));
-        const uint32_t va = mla::smem_addr(Vb + ((ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * VP + warp * (DV / NW) + (lane >> 4) * 8) * 2);
+    for (int ks = 0; ks < BN / 16; ks++) {
+      uint32_t pa[4];
+      mla::ldmatrix_x4(pa, mla::smem_addr(Ps + (lane & 15) * PP + ks * 16 + (lane >> 4) * 8));
+      const uint32_t va = mla::smem_addr(Vb + ((ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * VP + warp * (DV / NW) + (lane >> 4) * 8) * 2);
 #pragma unroll
-        for (int np = 0; np < DV / NW / 16; np++) {
-          uint32_t vb[4];
-          mla::ldmatrix_x4_trans(vb, va + np * 32);
-          mla::mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
-          mla::mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int ks = 0; ks < BN / 16; ks++) {
-        uint32_t pa[4];
-        mla::ldmatrix_x4_trans(pa, mla::smem_addr(Pt + (ks * 16 + (lane & 7) + ((lane >> 4) & 1) * 8) * PTP + ((lane >> 3) & 1) * 8));
-        if (NG > 0 && vk == VK_F16_GROUP) {
-          const uint32_t c0 = *reinterpret_cast<const uint32_t *>(ctab + vgrp * BN + ks * 16 + 2 * t4);
-          const uint32_t c1 = *reinterpret_cast<const uint32_t *>(ctab + vgrp * BN + ks * 16 + 8 + 2 * t4);
-          pa[0] = hmul2(pa[0], c0), pa[1] = hmul2(pa[1], c0), pa[2] = hmul2(pa[2], c1), pa[3] = hmul2(pa[3], c1);
-        }
-        const uint32_t va = mla::smem_addr(Vb + ((ks * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * VP + warp * (DV / NW) + (lane >> 4) * 8) * 2);
-#pragma unroll
-        for (int np = 0; np < DV / NW / 16; np++) {
-          uint32_t vb[4];
-          mla::ldmatrix_x4_trans(vb, va + np * 32);
-          mma_f16_16816(o[2 * np], pa, vb[0], vb[1]);
-          mma_f16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
-        }
+      for (int np = 0; np < DV / NW / 16; np++) {
+        uint32_t vb[4];
+        mla::ldmatrix_x4_trans(vb, va + np * 32);
+        mla::mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
+        mla::mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
       }
     }
     if (tid < BN) tok_page[st * BN + tid] = pf_page, tok_off[st * BN + tid] = pf_off;
@@ -741,8 +480,6 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
   }
   __syncthreads();
 
-  // The scale of this warp's V dims: 2^E of its group, the tensor scale, or 1.
-  const float vscale = vk == VK_F16_GROUP ? desc_s[vgrp] : vpk == PK_TENSOR ? tscale : 1.0f;
 #pragma unroll
   for (int hh = 0; hh < 2; hh++) {
     const int row = g + hh * 8;
@@ -755,7 +492,6 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
       const float lse_nat = (m_fin[row] + log2f(l)) * 0.69314718055994531f;
       f *= 1.0f / (1.0f + expf(__ldg(p.sink + h) - lse_nat));
     }
-    f *= vscale;
 #pragma unroll
     for (int nt = 0; nt < DV / NW / 8; nt++) {
       const int col = warp * (DV / NW) + nt * 8 + 2 * t4;
