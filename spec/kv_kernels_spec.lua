@@ -7,6 +7,7 @@
 -- writes), and on a view whose pages x page stride exceed 2^31 bytes.
 local mla = require "mlalab"
 local S = require "support"
+local assert_bytes, perm = S.assert_bytes, S.perm
 local core = mla.core
 local K = mla.kernels
 
@@ -16,30 +17,6 @@ local GARBAGE = 2147480000 -- what FlashMLA's tests put in unused block-table en
 
 local rng_seed = 0x6b76
 local function rng(seed) math.randomseed(seed or rng_seed) end
-
--- 0-based permutation of [0, n).
-local function perm(n)
-  local p = {}
-  for i = 1, n do p[i] = i - 1 end
-  for i = n, 2, -1 do
-    local j = math.random(i)
-    p[i], p[j] = p[j], p[i]
-  end
-  return p
-end
-
--- Asserts two tensors hold the same bytes; names the first differing byte.
-local function assert_bytes(a, b, what)
-  local x, y = core.tensor_bytes(a), core.tensor_bytes(b)
-  assert(#x == #y, string.format("%s: %d bytes vs %d", what, #x, #y))
-  if x ~= y then
-    for i = 1, #x do
-      if x:byte(i) ~= y:byte(i) then
-        error(string.format("%s: first difference at byte %d of %d: 0x%02x vs 0x%02x", what, i - 1, #x, x:byte(i), y:byte(i)), 2)
-      end
-    end
-  end
-end
 
 -- A single-layer contiguous cache view for layout L.
 local function pool(L, nb, bs, dev, scale)

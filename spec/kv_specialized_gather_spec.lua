@@ -10,6 +10,8 @@
 -- 32, a Lua-defined layout) and a view the specialized code does not take (a
 -- 4-byte-aligned page stride) report "generic" and match the reference too.
 local mla = require "mlalab"
+local S = require "support"
+local assert_bytes, perm = S.assert_bytes, S.perm
 local core = mla.core
 local K = mla.kernels
 
@@ -17,28 +19,6 @@ local BS = 64 -- the built-ins' descriptors are made at block size 64
 local GARBAGE = 2147480000
 
 local function rng(seed) math.randomseed(seed) end
-
-local function perm(n)
-  local p = {}
-  for i = 1, n do p[i] = i - 1 end
-  for i = n, 2, -1 do
-    local j = math.random(i)
-    p[i], p[j] = p[j], p[i]
-  end
-  return p
-end
-
-local function assert_bytes(a, b, what)
-  local x, y = core.tensor_bytes(a), core.tensor_bytes(b)
-  assert(#x == #y, string.format("%s: %d bytes vs %d", what, #x, #y))
-  if x ~= y then
-    for i = 1, #x do
-      if x:byte(i) ~= y:byte(i) then
-        error(string.format("%s: first difference at byte %d of %d: 0x%02x vs 0x%02x", what, i - 1, #x, x:byte(i), y:byte(i)), 2)
-      end
-    end
-  end
-end
 
 -- A CPU pool of nb pages: pages [0, nb - 2) hold quantized random rows in
 -- every slot, the last two pages random bytes.

@@ -12,33 +12,11 @@
 -- (another block size, source rows not 16-byte aligned) run the generic kernel.
 local mla = require "mlalab"
 local S = require "support"
+local assert_bytes, perm = S.assert_bytes, S.perm
 local K = mla.kernels
 
 local BS = 64 -- the block size of the built-in descriptors (builtin_layouts.h)
 local LAYER, LAYERS = 30, 61
-
-local function assert_bytes(a, b, what)
-  local x, y = mla.core.tensor_bytes(a), mla.core.tensor_bytes(b)
-  assert(#x == #y, string.format("%s: %d bytes vs %d", what, #x, #y))
-  if x ~= y then
-    for i = 1, #x do
-      if x:byte(i) ~= y:byte(i) then
-        error(string.format("%s: first difference at byte %d of %d: 0x%02x vs 0x%02x", what, i - 1, #x, x:byte(i),
-          y:byte(i)), 2)
-      end
-    end
-  end
-end
-
-local function perm(n)
-  local p = {}
-  for i = 1, n do p[i] = i - 1 end
-  for i = n, 2, -1 do
-    local j = math.random(i)
-    p[i], p[j] = p[j], p[i]
-  end
-  return p
-end
 
 -- bf16 bit patterns of n rows of dim values: random magnitudes, and every
 -- token class below in turn. Returns the rows as a CPU bf16 tensor.

@@ -8,6 +8,7 @@
 -- reference's bytes, dynamic shared memory opt-in, launch errors name the kernel.
 local mla = require "mlalab"
 local S = require "support"
+local assert_bytes, perm = S.assert_bytes, S.perm
 local R = require "rtc_support"
 local core = mla.core
 local rtc = mla.rtc
@@ -560,28 +561,6 @@ end)
 
 describe("JIT kernels on the GPU #gpu", function()
   S.on_device("cuda", before_each, after_each)
-  local function assert_bytes(a, b, what)
-    local x, y = core.tensor_bytes(a), core.tensor_bytes(b)
-    assert(#x == #y, string.format("%s: %d bytes vs %d", what, #x, #y))
-    if x ~= y then
-      for i = 1, #x do
-        if x:byte(i) ~= y:byte(i) then
-          error(string.format("%s: first difference at byte %d of %d: 0x%02x vs 0x%02x", what, i - 1, #x, x:byte(i), y:byte(i)), 2)
-        end
-      end
-    end
-  end
-
-  local function perm(n)
-    local p = {}
-    for i = 1, n do p[i] = i - 1 end
-    for i = n, 2, -1 do
-      local j = math.random(i)
-      p[i], p[j] = p[j], p[i]
-    end
-    return p
-  end
-
   local function single(L, nb, bs, dev, scale)
     local c = mla.cache.new { layout = L, num_blocks = nb, block_size = bs, device = dev, tensor_scale = scale }
     local v = c:view(0)

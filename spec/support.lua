@@ -40,4 +40,29 @@ function S.values(t)
   return flat:totable()
 end
 
+--- Asserts two tensors hold the same bytes; names the first differing byte.
+function S.assert_bytes(a, b, what)
+  local x, y = mla.core.tensor_bytes(a), mla.core.tensor_bytes(b)
+  assert(#x == #y, string.format("%s: %d bytes vs %d", what, #x, #y))
+  if x ~= y then
+    for i = 1, #x do
+      if x:byte(i) ~= y:byte(i) then
+        error(string.format("%s: first difference at byte %d of %d: 0x%02x vs 0x%02x", what, i - 1, #x, x:byte(i),
+          y:byte(i)), 2)
+      end
+    end
+  end
+end
+
+--- A 0-based permutation of [0, n) drawn with math.random.
+function S.perm(n)
+  local p = {}
+  for i = 1, n do p[i] = i - 1 end
+  for i = n, 2, -1 do
+    local j = math.random(i)
+    p[i], p[j] = p[j], p[i]
+  end
+  return p
+end
+
 return S
