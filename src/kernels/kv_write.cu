@@ -334,11 +334,52 @@ int spec_mb() {
   return v;
 }
 
-template <class L, int MB> cudaError_t launch_spec(const kvw::wargs &a, cudaStream_t s) {
-  auto k = kvw::write_spec_kernel<L, MB>;
-  constexpr int64_t per_block = (int64_t)(kvw::kSpecThreads / 32) * (32 / kvw::lpt<L>());
+// MLALAB_KV_WRITE_STAGE=0|1: region-0 rows written straight from the lanes
+// (0) or assembled in shared memory and copied out in whole sectors (1);
+// unset: the layout's default (kvw_default_stage). MLALAB_KV_WRITE_UT=1|2:
+// token sets per warp and tile for the layouts with at most 4 slots per lane
+// (the 128-dim indexer keys); unset: the layout's default.
+int env_choice(const char *name) {
+  const char *e = getenv(name);
+  return e && e[0] >= '0' && e[0] <= '9' ? e[0] - '0' : -1;
+}
+int spec_stage() {
+  static int v = -2;
+  if (v == -2) v = env_choice("MLALAB_KV_WRITE_STAGE");
+  return v;
+}
+int spec_ut() {
+  static int v = -2;
+  if (v == -2) v = env_choice("MLALAB_KV_WRITE_UT");
+  return v;
+}
+// Defaults. STAGE=1 cut fp8_ds_mla from 103.2 to 95.1 us in one ncu launch
+// each (H100, 2026-11-23; L2 write sectors 3.76 M -> 3.04 M, the ideal) and
+// passed spec/kv_specialized_write_spec.lua on the GPU, but its whole-range
+// copy (consecutive slots) has not been compared with the CPU reference on
+// the GPU yet (bench/kv_write_variants.lua --verify 1): direct stays the default.
+template <class L> constexpr int kvw_default_stage() { return 0; }
+template <class L> constexpr int kvw_default_ut() { return 1; }
+
+template <class L, int MB, int ST, int UT> cudaError_t launch_spec(const kvw::wargs &a, cudaStream_t s) {
+  auto k = kvw::write_spec_kernel<L, MB, ST, UT>;
+  constexpr int64_t per_block = (int64_t)(kvw::kSpecThreads / 32) * (32 / kvw::lpt<L>()) * UT;
   k<<<grid_for(k, 0, (a.n + per_block - 1) / per_block), kvw::kSpecThreads, 0, s>>>(a);
   return cudaGetLastError();
+}
+
+template <class L> cudaError_t launch_spec_pick(const kvw::wargs &a, cudaStream_t s) {
+  if (spec_mb() == 4) return launch_spec<L, 4, 0, 1>(a, s);
+  int st = spec_stage(), ut = spec_ut();
+  if (st < 0) st = kvw_default_stage<L>();
+  if (ut < 0) ut = kvw_default_ut<L>();
+  if constexpr (kvw::stage_ok<L>() && kvw::nslots<L>() <= 4) {
+    if (ut == 2) return st == 1 ? launch_spec<L, 3, 1, 2>(a, s) : launch_spec<L, 3, 0, 2>(a, s);
+  }
+  if constexpr (kvw::stage_ok<L>()) {
+    if (st == 1) return launch_spec<L, 3, 1, 1>(a, s);
+  }
+  return launch_spec<L, 3, 0, 1>(a, s);
 }
 
 // Runs L's variant when the descriptor is L's and every address allows the
@@ -366,7 +407,7 @@ bool try_spec(const mla_kv_cache *c, const mla_kv_ivec *slots, const mla_kv_src_
     a.b_stride = has_b ? 2 * src->b.stride : a.a_stride;
     a.splitc = (int)(split / 8);
     a.bad = bad;
-    *err = spec_mb() == 4 ? launch_spec<L, 4>(a, s) : launch_spec<L, 3>(a, s);
+    *err = launch_spec_pick<L>(a, s);
     mla_cuda_kv_note_variant(L::name);
     return true;
   }

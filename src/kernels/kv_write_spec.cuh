@@ -166,6 +166,28 @@ template <class L> constexpr bool supported() {
   return true;
 }
 
+// Region 0's token row is fully covered by the layout's data fields, its
+// region-0 scales and its region-0 padding (every byte of a staged row is
+// written before the row is copied out), and is a 16-byte multiple.
+template <class L> constexpr bool stage_ok() {
+  const mla_layout_desc &d = L::host;
+  const int R0 = d.region_row_bytes[0];
+  if (R0 <= 0 || R0 % 16) return false;
+  int covered = 0;
+  for (int f = 0; f < d.nfields; f++) {
+    const mla_layout_field &F = d.fields[f];
+    if (F.role == MLA_FIELD_PAD) {
+      if (F.region == 0) covered += F.count;
+      continue;
+    }
+    if (F.role != MLA_FIELD_DATA) return false;
+    if (F.region == 0)
+      covered += F.dtype == MLA_E2M1 ? F.count / 2 : F.dtype == MLA_E4M3 ? F.count : 2 * F.count;
+    if (F.scale_kind == MLA_SCALE_GROUP && F.scale_region == 0) covered += F.count / F.group * scale_bytes_of(F.scale_dtype);
+  }
+  return covered == R0;
+}
+
 // ---- device helpers ----------------------------------------------------------------
 
 // |x| max of 8 bf16 (16-bit magnitudes; a NaN's bits exceed 0x7f80).
@@ -252,10 +274,18 @@ struct wargs {
 
 constexpr int kSpecThreads = 256;
 
-template <class L, int MB>
+// ST (stage): region-0 token rows are assembled in shared memory and copied
+// out with 16-byte stores, the TPW rows of a lane-group set as one contiguous
+// range when their slots are consecutive in one page (whole 32-byte sectors
+// per store instruction, e.g. for the 656-byte fp8_ds_mla rows), else row by
+// row. UT: token sets (TPW tokens each) per warp and tile.
+template <class L, int MB, int ST, int UT>
 __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __grid_constant__ wargs A) {
-  constexpr int P = lpt<L>(), NS = nslots<L>(), TPW = 32 / P, NI = n_items<L>(), UT = 1;
+  constexpr int P = lpt<L>(), NS = nslots<L>(), TPW = 32 / P, NI = n_items<L>();
   constexpr int BS = block_size<L>();
+  constexpr int R0 = reg_row<L>(0);
+  static_assert(!ST || stage_ok<L>(), "staged rows must be fully covered");
+  __shared__ __align__(16) unsigned char sbuf[ST ? (kSpecThreads / 32) * UT * TPW * R0 : 16];
   const int lane = threadIdx.x & 31, sub = lane & (P - 1), grp = lane / P;
   const int lbase = lane & ~(P - 1);
   const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -291,7 +321,7 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
   for (int u = 0; u < UT; u++) next[u] = load_slot(warp, u);
 #pragma unroll 1
   for (int64_t tile = warp; tile < ntiles; tile += nwarps) {
-    int64_t tok[UT];
+    int64_t tok[UT], slotv[UT];
     int state[UT]; // 1 write, 0 nothing, -1 slot past the cache
     unsigned char *pg[UT];
     int tt[UT];
@@ -299,6 +329,7 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
     for (int u = 0; u < UT; u++) {
       tok[u] = tile * per_tile + u * TPW + grp;
       const int64_t slot = next[u];
+      slotv[u] = slot;
       next[u] = load_slot(tile + nwarps, u);
       const int64_t page = (int64_t)((uint64_t)slot / (uint64_t)BS);
       state[u] = slot < 0 ? 0 : page < A.num_pages ? 1 : -1;
@@ -330,7 +361,10 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
         } else {
           constexpr int64_t ro = reg_off<L>(r);
           constexpr int rb = reg_row<L>(r);
-          if constexpr (r == 0) row[r] = pg[u] + ro + (int64_t)tt[u] * A.token_stride;
+          if constexpr (r == 0) {
+            if constexpr (ST) row[r] = sbuf + (((threadIdx.x >> 5) * UT + u) * TPW + grp) * R0;
+            else row[r] = pg[u] + ro + (int64_t)tt[u] * A.token_stride;
+          }
           else row[r] = pg[u] + ro + tt[u] * rb;
         }
       });
@@ -528,6 +562,27 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
             }
           });
         }
+      }
+      if constexpr (ST) {
+        // ---- copy the staged region-0 rows out ----
+        __syncwarp();
+        constexpr int64_t ro = reg_off<L>(0);
+        const int64_t s0 = __shfl_sync(0xffffffffu, slotv[u], 0);
+        const bool run = live && slotv[u] == s0 + grp && (int64_t)(s0 & (BS - 1)) <= BS - TPW;
+        const uint4 *srcs = reinterpret_cast<const uint4 *>(row[0]);
+        if (__all_sync(0xffffffffu, run) && A.token_stride == R0) {
+          const uint4 *sw = reinterpret_cast<const uint4 *>(sbuf + ((threadIdx.x >> 5) * UT + u) * TPW * R0);
+          uint4 *g = reinterpret_cast<uint4 *>(A.base + (int64_t)((uint64_t)s0 / (uint64_t)BS) * A.page_stride + ro +
+                                               (int64_t)(s0 & (BS - 1)) * R0);
+          constexpr int N16 = TPW * R0 / 16;
+#pragma unroll
+          for (int k = lane; k < N16; k += 32) g[k] = sw[k];
+        } else if (live) {
+          uint4 *g = reinterpret_cast<uint4 *>(pg[u] + ro + (int64_t)tt[u] * A.token_stride);
+#pragma unroll
+          for (int k = sub; k < R0 / 16; k += P) g[k] = srcs[k];
+        }
+        __syncwarp();
       }
     }
   }
