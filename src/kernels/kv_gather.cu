@@ -379,60 +379,102 @@ cudaError_t gather_any(const mla_kv_cache *c, const Src &src, int64_t rows, cons
 }
 
 // Raw rows of a built-in: region r's rows copied in pieces of G_r bytes (the
-// widest its row length and offset allow), 32 rows per warp step, every load
-// of a region issued before its stores.
+// widest its row length and offset allow), 32 rows per warp step. PF: the
+// first pass group of every region is loaded, then the next step's 32 indices
+// are resolved (their dependent loads in flight with this step's copies), then
+// the stores; without PF each region loads and stores in turn and a step
+// resolves its own indices first (MLALAB_KV_RAW_PF=0, for comparison).
+// H100, indexer_fp8 at 256 MiB: PF 92.8% of memcpy, without 86.7%; PF with
+// one wave (MLALAB_KV_SPEC_GRID=1) 91.2%, so 4 waves stay.
 template <class L> struct rawreg {
   template <int R> static constexpr int rb() { return L::host.region_row_bytes[R]; }
   template <int R> static constexpr int64_t off() { return L::host.region_off[R]; }
   template <int R> static constexpr int gran() { return min_i(min_i(pow2_div16(rb<R>()), pow2_div16(off<R>())), 16); }
+  template <int R> static constexpr int per() { return rb<R>() / gran<R>(); } // pieces per row
+  template <int R> static constexpr bool batched() {
+    return gran<R>() >= 4 && per<R>() <= 32 && (per<R>() & (per<R>() - 1)) == 0;
+  }
+  template <int R> static constexpr int qb() { return per<R>() < 8 ? per<R>() : 8; } // passes loaded before their stores
 };
 
-template <class L>
-__global__ void __launch_bounds__(kSpecThreads, 4)
+template <class L, bool PF>
+__global__ void __launch_bounds__(kSpecThreads, PF ? 3 : 4)
     spec_raw_kernel(const __grid_constant__ mla_cache_view v, const mla_kv_dense g, const __grid_constant__ RawOut out,
                     int64_t nrows, unsigned long long *bad) {
+  constexpr int NR = lay<L>::nregions;
   const int lane = threadIdx.x & 31;
   const int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
   const int64_t nwarps = ((int64_t)gridDim.x * blockDim.x) >> 5;
-  for (int64_t b = warp * 32; b < nrows; b += nwarps * 32) {
-    const unsigned char *pg = nullptr;
-    int tt = 0;
+  auto resolve = [&](int64_t b, const unsigned char *&pg, int &tt) {
+    pg = nullptr, tt = 0;
     if (b + lane < nrows) {
       int64_t page, t;
       if (locate_dense(g, b + lane, lay<L>::bs, v.num_pages, page, t, bad)) pg = v.base + page * v.page_stride, tt = (int)t;
     }
-    static_for<lay<L>::nregions>([&](auto Rc) {
+  };
+  const unsigned char *pg_next = nullptr;
+  int tt_next = 0;
+  if (PF) resolve(warp * 32, pg_next, tt_next);
+  for (int64_t b = warp * 32; b < nrows; b += nwarps * 32) {
+    const unsigned char *pg;
+    int tt;
+    if (PF) pg = pg_next, tt = tt_next;
+    else resolve(b, pg, tt);
+    // pass q0 + q of batched region r: rows (q0 + q) * rpp + sub, piece pc of each
+    auto load_group = [&](auto Rc, int q0, uint4 (&buf)[8], bool (&ok)[8]) {
       constexpr int r = decltype(Rc)::value;
-      constexpr int RB = rawreg<L>::template rb<r>(), G = rawreg<L>::template gran<r>();
+      constexpr int RB = rawreg<L>::template rb<r>(), G = rawreg<L>::template gran<r>(), per = rawreg<L>::template per<r>();
       constexpr int64_t OFF = rawreg<L>::template off<r>();
+      constexpr int rpp = 32 / per, QB = rawreg<L>::template qb<r>();
       using T = typename piece<G >= 4 ? G : 4>::T;
-      constexpr int per = RB / G; // pieces per row
+      const int sub = lane / per, pc = lane % per;
+#pragma unroll
+      for (int q = 0; q < QB; q++) {
+        const int k = (q0 + q) * rpp + sub;
+        const unsigned char *p = shfl_ptr(pg, k);
+        const int t = __shfl_sync(0xffffffffu, tt, k);
+        ok[q] = p != nullptr;
+        if (ok[q]) {
+          const int64_t rs = r == 0 ? v.token_stride : (int64_t)RB;
+          *reinterpret_cast<T *>(&buf[q]) = __ldg(reinterpret_cast<const T *>(p + OFF + t * rs + pc * G));
+        }
+      }
+    };
+    auto store_group = [&](auto Rc, int q0, const uint4 (&buf)[8], const bool (&ok)[8]) {
+      constexpr int r = decltype(Rc)::value;
+      constexpr int G = rawreg<L>::template gran<r>(), per = rawreg<L>::template per<r>();
+      constexpr int rpp = 32 / per, QB = rawreg<L>::template qb<r>();
+      using T = typename piece<G >= 4 ? G : 4>::T;
+      const int sub = lane / per, pc = lane % per;
       unsigned char *o = out.p[r];
       const int64_t os = out.stride[r];
-      if constexpr (G >= 4 && per <= 32 && (per & (per - 1)) == 0) {
-        constexpr int rpp = 32 / per;         // rows per pass; per passes cover the 32 rows
-        constexpr int QB = per < 8 ? per : 8; // passes loaded before their stores
-        const int sub = lane / per, pc = lane % per;
+#pragma unroll
+      for (int q = 0; q < QB; q++)
+        if (ok[q]) *reinterpret_cast<T *>(o + (b + (q0 + q) * rpp + sub) * os + pc * G) = *reinterpret_cast<const T *>(&buf[q]);
+    };
+    uint4 buf[NR][8];
+    bool ok[NR][8];
+    if constexpr (PF) {
+      static_for<NR>([&](auto Rc) {
+        constexpr int r = decltype(Rc)::value;
+        if constexpr (rawreg<L>::template batched<r>()) load_group(Rc, 0, buf[r], ok[r]);
+      });
+      resolve(b + nwarps * 32, pg_next, tt_next); // in flight with this step's copies
+    }
+    static_for<NR>([&](auto Rc) {
+      constexpr int r = decltype(Rc)::value;
+      constexpr int RB = rawreg<L>::template rb<r>(), per = rawreg<L>::template per<r>();
+      constexpr int64_t OFF = rawreg<L>::template off<r>();
+      constexpr int QB = rawreg<L>::template qb<r>();
+      if constexpr (rawreg<L>::template batched<r>()) {
 #pragma unroll
         for (int q0 = 0; q0 < per; q0 += QB) {
-          T buf[QB];
-          bool ok[QB];
-#pragma unroll
-          for (int q = 0; q < QB; q++) {
-            const int k = (q0 + q) * rpp + sub;
-            const unsigned char *p = shfl_ptr(pg, k);
-            const int t = __shfl_sync(0xffffffffu, tt, k);
-            ok[q] = p != nullptr;
-            if (ok[q]) {
-              const int64_t rs = r == 0 ? v.token_stride : (int64_t)RB;
-              buf[q] = __ldg(reinterpret_cast<const T *>(p + OFF + t * rs + pc * G));
-            }
-          }
-#pragma unroll
-          for (int q = 0; q < QB; q++)
-            if (ok[q]) *reinterpret_cast<T *>(o + (b + (q0 + q) * rpp + sub) * os + pc * G) = buf[q];
+          if (!PF || q0 > 0) load_group(Rc, q0, buf[r], ok[r]);
+          store_group(Rc, q0, buf[r], ok[r]);
         }
       } else { // any other row: row by row, bytes
+        unsigned char *o = out.p[r];
+        const int64_t os = out.stride[r];
         for (int k = 0; k < 32; k++) {
           const unsigned char *p = shfl_ptr(pg, k);
           const int t = __shfl_sync(0xffffffffu, tt, k);
@@ -494,7 +536,11 @@ extern "C" cudaError_t mla_cuda_kv_gather_raw(const mla_kv_cache *c, const mla_k
   const char *name = with_builtin(c->desc, c->view, [&](auto spec) {
     using L = decltype(spec);
     if (!raw_out_ok<L>(o)) return;
-    auto k = spec_raw_kernel<L>;
+    static const bool pf = [] {
+      const char *e = getenv("MLALAB_KV_RAW_PF");
+      return !(e && e[0] == '0');
+    }();
+    auto k = pf ? spec_raw_kernel<L, true> : spec_raw_kernel<L, false>;
     k<<<spec_grid(k, kSpecThreads, (rows + 31) / 32, 4), kSpecThreads, 0, s>>>(c->view, *g, o, rows, bad);
     ran = true;
   });

@@ -162,6 +162,185 @@ cudaError_t launch_topk(const mla_kv_imat *topk, const mla_kv_token_req *req, co
 
 int64_t out_max(const mla_kv_omat *out) { return out->is64 ? INT64_MAX : INT32_MAX; }
 
+// ---- the common case: 32-bit topk and out, contiguous 16-byte-aligned rows ----
+//
+// A warp owns a contiguous share of the (row, chunk) items (of whole rows when
+// lens is written), chunks of 128 * C entries (C 16-byte loads per lane). The
+// loads of the next chunk are issued before the current chunk is mapped, the
+// request of a row comes from the cached cu_q bounds of the previous row (a
+// binary search only when a row leaves them), and every entry is mapped with
+// 32-bit arithmetic: RAGGED adds the row's cu_k offset (one load per row),
+// PAGED reads the request's block-table row staged in shared memory (per warp,
+// restaged when the request changes) as page * bs or -1 (a bad page).
+// MLALAB_KV_TOPK=0 runs the generic kernel, 2 / 4 pick C (tuning).
+// H100, 16384 x top-2048 (256 MiB), % of memcpy: ragged C=4 92.7%, C=2 86.3%,
+// generic 88.6%; paged C=4 78.5%, C=2 76.1%, generic 76.8%.
+constexpr int kTopkSpecThreads = 128;
+constexpr int kTopkSpecMaxCols = 4096; // block-table columns a warp stages (16 KiB)
+
+template <bool Paged, int C>
+__global__ void __launch_bounds__(kTopkSpecThreads, C == 2 ? 8 : 6)
+    topk32_kernel(const mla_kv_imat topk, const mla_kv_token_req req, const mla_kv_imat bt, const int shift,
+                  const mla_kv_ivec cu_k, const mla_kv_omat out, const mla_kv_omat lens, unsigned long long *bad) {
+  extern __shared__ int topk_tab[];
+  constexpr int W = kTopkSpecThreads / 32;
+  constexpr int CE = 128 * C; // entries per chunk
+  const int lane = threadIdx.x & 31, wib = threadIdx.x >> 5;
+  const int64_t warp = (int64_t)blockIdx.x * W + wib, nwarps = (int64_t)gridDim.x * W;
+  const int K = (int)topk.cols;
+  const int NC = (K + CE - 1) / CE;
+  const int64_t nreq = Paged ? bt.rows : cu_k.n - 1;
+  int *tab = topk_tab + (Paged ? wib * (int)bt.cols : 0);
+  const unsigned cols = Paged ? (unsigned)bt.cols : 0u;
+  const int mask = Paged ? (1 << shift) - 1 : 0;
+  int64_t lo, hi;
+  if (lens.data) share_of(topk.rows, warp, nwarps, lo, hi), lo *= NC, hi *= NC;
+  else share_of(topk.rows * NC, warp, nwarps, lo, hi);
+  if (lo >= hi) return;
+  const int *in = (const int *)topk.data;
+  int *o = (int *)out.data;
+  auto load = [&](int64_t tr, int cc, int4 (&q)[C]) {
+    const int4 *p = reinterpret_cast<const int4 *>(in + tr * topk.rs + cc * CE);
+    const int n4 = (K - cc * CE) >> 2;
+#pragma unroll
+    for (int j = 0; j < C; j++) q[j] = lane + 32 * j < n4 ? __ldg(p + lane + 32 * j) : make_int4(-1, -1, -1, -1);
+  };
+  int64_t t = lo / NC;
+  int c = (int)(lo - t * NC);
+  int64_t qlo = 0, qhi = 0, rcur = -1, tab_r = -1;
+  bool rok = false;
+  unsigned off = 0;
+  int lim = 0, nvalid = 0, nbad = 0;
+  int4 cur[C];
+  load(t, c, cur);
+  for (int64_t i = lo; i < hi; i++) {
+    int64_t tn = t;
+    int cn = c + 1;
+    if (cn == NC) tn++, cn = 0;
+    int4 nxt[C];
+    if (i + 1 < hi) load(tn, cn, nxt);
+    else
+#pragma unroll
+      for (int j = 0; j < C; j++) nxt[j] = make_int4(-1, -1, -1, -1);
+    if (c == 0 || i == lo) { // the row's request
+      int64_t r = t;
+      bool pad = false;
+      if (req.cu_q.n) {
+        if (t >= qlo && t < qhi) r = rcur;
+        else if (t < ivec_at(req.cu_q, 0) || t >= ivec_at(req.cu_q, req.cu_q.n - 1)) r = -1, pad = true;
+        else r = find_segment(req.cu_q, t), qlo = ivec_at(req.cu_q, r), qhi = ivec_at(req.cu_q, r + 1), rcur = r;
+      }
+      rok = r >= 0 && r < nreq;
+      if (!rok && !pad && c == 0 && lane == 0) nbad++;
+      if (rok) {
+        if constexpr (Paged) {
+          if (r != tab_r) {
+            __syncwarp();
+            for (int j = lane; j < (int)cols; j += 32) {
+              const int64_t pg = imat_at(bt, r, j);
+              tab[j] = pg >= 0 && pg <= (int64_t)(INT32_MAX >> shift) ? (int)(pg << shift) : -1;
+            }
+            __syncwarp();
+            tab_r = r;
+          }
+        } else {
+          const int64_t k0 = ivec_at(cu_k, r), l = (int64_t)INT32_MAX - k0;
+          off = (unsigned)k0;
+          lim = l >= INT32_MAX ? INT32_MAX : l < 0 ? -1 : (int)l;
+        }
+      }
+      if (c == 0) nvalid = 0;
+    }
+    int4 (&res)[C] = cur; // mapped in place
+    if (rok) {
+#pragma unroll
+      for (int j = 0; j < C; j++) {
+        int e[4] = {cur[j].x, cur[j].y, cur[j].z, cur[j].w};
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+          int v = -1;
+          if (e[u] >= 0) {
+            nvalid++;
+            if constexpr (Paged) {
+              const unsigned jj = (unsigned)e[u] >> shift;
+              const int p = jj < cols ? tab[jj] : -1;
+              if (p < 0) nbad++;
+              else v = p | (e[u] & mask);
+            } else {
+              if (e[u] > lim) nbad++;
+              else v = (int)((unsigned)e[u] + off);
+            }
+          }
+          e[u] = v;
+        }
+        res[j] = make_int4(e[0], e[1], e[2], e[3]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < C; j++) res[j] = make_int4(-1, -1, -1, -1);
+    }
+    {
+      int4 *op = reinterpret_cast<int4 *>(o + t * out.rs + c * CE);
+      const int n4 = (K - c * CE) >> 2;
+#pragma unroll
+      for (int j = 0; j < C; j++)
+        if (lane + 32 * j < n4) op[lane + 32 * j] = res[j];
+    }
+    if (lens.data && c == NC - 1) {
+      int nv = nvalid;
+#pragma unroll
+      for (int s = 16; s > 0; s >>= 1) nv += __shfl_xor_sync(0xffffffffu, nv, s);
+      if (lane == 0) omat_set(lens, t, 0, nv);
+    }
+#pragma unroll
+    for (int j = 0; j < C; j++) cur[j] = nxt[j];
+    t = tn, c = cn;
+  }
+  if (nbad) atomicAdd(bad, (unsigned long long)nbad);
+}
+
+int topk_spec_choice() {
+  static int v = -1;
+  if (v < 0) {
+    const char *e = getenv("MLALAB_KV_TOPK");
+    v = e && (e[0] == '0' || e[0] == '2' || e[0] == '4') && !e[1] ? e[0] - '0' : 4;
+  }
+  return v;
+}
+
+// Runs the specialized kernel when it applies (true), else leaves it to the generic one.
+template <bool Paged>
+bool launch_topk32(const mla_kv_imat *topk, const mla_kv_token_req *req, const mla_kv_imat *bt, int shift,
+                   const mla_kv_ivec *cu_k, const mla_kv_omat *out, const mla_kv_omat *lens,
+                   unsigned long long *bad, cudaStream_t s) {
+  const int ch = topk_spec_choice();
+  if (!ch || topk->is64 || out->is64 || topk->cs != 1 || out->cs != 1 || topk->cols < 4 || topk->cols % 4 ||
+      topk->cols > INT32_MAX / 2 || topk->rs % 4 || out->rs % 4 || ((uintptr_t)topk->data & 15) ||
+      ((uintptr_t)out->data & 15) || req->token_req.n)
+    return false;
+  if (lens && lens->rows < topk->rows) return false;
+  size_t smem = 0;
+  if (Paged) {
+    if (shift < 0 || !req->cu_q.n || bt->cols < 1 || bt->cols > kTopkSpecMaxCols) return false;
+    smem = (size_t)(kTopkSpecThreads / 32) * (size_t)bt->cols * sizeof(int);
+  }
+  mla_kv_omat l = lens ? *lens : mla_kv_omat{};
+  mla_kv_ivec ck = cu_k ? *cu_k : mla_kv_ivec{};
+  mla_kv_imat b = bt ? *bt : mla_kv_imat{};
+  auto k = ch == 2 ? topk32_kernel<Paged, 2> : topk32_kernel<Paged, 4>;
+  if (smem > 48 * 1024) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kTopkSpecThreads, smem);
+  const int64_t ce = 128 * ch, items = topk->rows * ((topk->cols + ce - 1) / ce);
+  int64_t g = (int64_t)(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
+  const int64_t need = (items + kTopkSpecThreads / 32 - 1) / (kTopkSpecThreads / 32);
+  if (need < g) g = need;
+  k<<<(int)(g < 1 ? 1 : g), kTopkSpecThreads, smem, s>>>(*topk, *req, b, shift, ck, *out, l, bad);
+  return true;
+}
+
 // ---- compaction ----
 
 __global__ void mark_kernel(const mla_kv_imat idx, int64_t bs, int64_t num_pages, int32_t *flags,
@@ -238,12 +417,16 @@ extern "C" cudaError_t mla_cuda_kv_topk_paged(const mla_kv_imat *topk, const mla
   int shift = -1;
   for (int k = 0; k < 31; k++)
     if ((int64_t)1 << k == block_size) shift = k;
+  if (topk->rows == 0) return cudaSuccess;
+  if (launch_topk32<true>(topk, req, block_table, shift, nullptr, out, lens, bad, s)) return cudaGetLastError();
   return launch_topk(topk, req, PagedMap{*block_table, block_size, out_max(out), shift}, out, lens, bad, s);
 }
 
 extern "C" cudaError_t mla_cuda_kv_topk_ragged(const mla_kv_imat *topk, const mla_kv_token_req *req,
                                                const mla_kv_ivec *cu_k, const mla_kv_omat *out,
                                                const mla_kv_omat *lens, unsigned long long *bad, cudaStream_t s) {
+  if (topk->rows == 0) return cudaSuccess;
+  if (launch_topk32<false>(topk, req, nullptr, 0, cu_k, out, lens, bad, s)) return cudaGetLastError();
   return launch_topk(topk, req, RaggedMap{*cu_k, out_max(out)}, out, lens, bad, s);
 }
 
