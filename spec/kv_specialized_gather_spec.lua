@@ -11,12 +11,11 @@
 -- 4-byte-aligned page stride) report "generic" and match the reference too.
 local mla = require "mlalab"
 local S = require "support"
-local assert_bytes, perm = S.assert_bytes, S.perm
+local assert_bytes = S.assert_bytes
 local core = mla.core
 local K = mla.kernels
 
 local BS = 64 -- the built-ins' descriptors are made at block size 64
-local GARBAGE = 2147480000
 
 local function rng(seed) math.randomseed(seed) end
 
@@ -76,29 +75,6 @@ local function check_both(want, fn, variant, what)
   end
 end
 
--- A dense batch: B requests over a permutation of the pages, lengths (some 0)
--- and start offsets, garbage past each request's pages.
-local function dense_batch(nb, bs, B)
-  local p = perm(nb)
-  local cu, starts, bt, used, cols = { 0 }, {}, {}, 1, 0
-  local lens = {}
-  for r = 1, B do
-    lens[r] = (r % 3 == 2) and 0 or math.random(1, 2 * bs + 7)
-    starts[r] = math.random(0, bs + 3)
-    cu[r + 1] = cu[r] + lens[r]
-    cols = math.max(cols, (starts[r] + lens[r] + bs - 1) // bs)
-  end
-  cols = cols + 1
-  for r = 1, B do
-    bt[r] = {}
-    local need = (starts[r] + lens[r] + bs - 1) // bs
-    for j = 1, cols do
-      if j <= need then bt[r][j] = p[(used - 1) % nb + 1] used = used + 1 else bt[r][j] = GARBAGE end
-    end
-  end
-  return { bt = mla.tensor(bt, "i32"), cu = mla.tensor(cu, "i32"), starts = mla.tensor(starts, "i32"), total = cu[B + 1] }
-end
-
 -- Every gather of one cache: CPU reference vs the GPU twin, specialization on and off.
 local function check_gathers(name, v, g, L, nb, bs, variant, seed)
   rng(seed)
@@ -128,7 +104,8 @@ local function check_gathers(name, v, g, L, nb, bs, variant, seed)
     end, variant, name .. " referenced " .. itype)
   end
   -- dense and raw, with start offsets; rows past cu[B] keep the sentinel
-  local b = dense_batch(nb, bs, 5)
+  local b = S.dense_batch(nb, bs, 5, true)
+  b.bt, b.cu, b.starts = mla.tensor(b.bt, "i32"), mla.tensor(b.cu, "i32"), mla.tensor(b.starts, "i32")
   local rows = b.total + 5
   local want = mla.full({ rows, L.dim }, -5, "bf16")
   K.gather_dense(v, b.bt, b.cu, { out = want, seq_starts = b.starts })

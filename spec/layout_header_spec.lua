@@ -28,13 +28,15 @@ describe("builtin_layouts.h", function()
     end
   end)
 
-  it("compiles with NVRTC as __device__ constexpr descriptors", function()
+  it("compiles with NVRTC as built-in types whose equality is a constant expression", function()
     local src = [[
-#include "mla/builtin_layouts.h"
+#include "mla/builtin_spec.cuh"
 #include "mla/layout_match.h"
-#define DEF(n, init) __device__ constexpr mla_layout_desc dev_##n = init;
-MLA_BUILTIN_LAYOUTS(DEF)
-extern "C" __global__ void probe(long long *o) { o[0] = dev_fp8_ds_mla.page_bytes + mla_layout_desc_same(&dev_fp8_v4, &dev_fp8_v4_vllm, 1); }
+MLA_BUILTIN_LAYOUTS(MLA_BUILTIN_SPEC)
+static_assert(mla_layout_desc_same(&spec_fp8_v4::host, &spec_fp8_v4_vllm::host, 1), "same bytes for readers");
+static_assert(!mla_layout_desc_same(&spec_fp8_v4::host, &spec_fp8_v4_vllm::host, 0), "different eps placement");
+static_assert(!mla_layout_desc_same(&spec_fp8_ds_mla::host, &spec_fp8_v4::host, 1), "different layouts");
+extern "C" __global__ void probe(long long *o) { o[0] = spec_fp8_ds_mla::d().page_bytes; }
 ]]
     local m = mla.rtc.compile { source = src, name = "builtin_layouts_probe.cu", arch = "sm_90a" }
     assert.is_truthy(m)

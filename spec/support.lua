@@ -65,4 +65,43 @@ function S.perm(n)
   return p
 end
 
+--- What FlashMLA's tests put in unused block-table entries.
+S.GARBAGE = 2147480000
+
+--- A random batch for the dense gather: lengths (some 0), starts, a permuted
+-- block table with garbage past each request's pages.
+function S.dense_batch(nb, bs, B, with_starts)
+  local p = S.perm(nb)
+  local lens, starts, cu, bt, used = {}, {}, { 0 }, {}, 1
+  local cols = 0
+  for r = 1, B do
+    lens[r] = (r % 4 == 2) and 0 or math.random(0, 2 * bs + 3)
+    starts[r] = with_starts and math.random(0, bs + 2) or 0
+    cu[r + 1] = cu[r] + lens[r]
+    cols = math.max(cols, (starts[r] + lens[r] + bs - 1) // bs)
+  end
+  cols = cols + 1
+  for r = 1, B do
+    bt[r] = {}
+    local need = (starts[r] + lens[r] + bs - 1) // bs
+    for j = 1, cols do
+      if j <= need then
+        bt[r][j] = p[(used - 1) % nb + 1]
+        used = used + 1
+      else
+        bt[r][j] = S.GARBAGE
+      end
+    end
+  end
+  -- the slot each output row must come from
+  local slots = {}
+  for r = 1, B do
+    for i = 0, lens[r] - 1 do
+      local pos = starts[r] + i
+      slots[#slots + 1] = bt[r][pos // bs + 1] * bs + pos % bs
+    end
+  end
+  return { bt = bt, cu = cu, starts = starts, slots = slots, total = cu[B + 1] }
+end
+
 return S

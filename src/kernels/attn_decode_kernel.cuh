@@ -148,6 +148,80 @@ template <int DQK> __device__ __forceinline__ int qfrag_off(int pair, int c) { r
 
 __device__ __forceinline__ uint16_t to_bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 
+// What one CTA works on (both decode kernels): the problem (a batch row, or a
+// batch row x query for sparse), its chunk of rows, the keys it attends and
+// the tiles of its KV split. Chunks of one problem are adjacent in x, so they
+// meet its K tiles in L2.
+struct cta_work {
+  int prob, split, row0, nrows, r, qi;
+  int s_k;   // cache length (dense), 0 for sparse
+  int nkeys; // keys of the chunk: causal-trimmed for its last query (dense), valid top-k entries (sparse)
+  int t_begin, t_end;
+  int64_t part; // first partial row of this split
+};
+
+template <int MR> __device__ __forceinline__ cta_work cta_work_of(const params &p) {
+  cta_work w;
+  w.prob = blockIdx.x / p.row_chunks, w.split = blockIdx.y, w.row0 = (blockIdx.x - w.prob * p.row_chunks) * MR;
+  w.nrows = min(MR, p.rows - w.row0);
+  w.r = p.sparse ? w.prob / p.s_q : w.prob, w.qi = p.sparse ? w.prob - (w.prob / p.s_q) * p.s_q : 0;
+  w.s_k = 0;
+  if (!p.sparse) {
+    w.s_k = max(0, __ldg(p.cache_lens + w.r));
+    w.nkeys = w.s_k;
+    if (p.causal && p.s_q > 1) { // the chunk's last query sees the most keys
+      const int i_max = (w.row0 + w.nrows - 1) / p.h_q;
+      w.nkeys = max(0, min(w.s_k, w.s_k - p.s_q + i_max + 1));
+    }
+  } else {
+    w.nkeys = p.topk_len ? min(max(__ldg(p.topk_len + w.r), 0), p.topk) : p.topk;
+  }
+  const int ntiles = (w.nkeys + BN - 1) / BN, per = (ntiles + p.nsplits - 1) / p.nsplits;
+  w.t_begin = min(w.split * per, ntiles), w.t_end = min(w.t_begin + per, ntiles);
+  w.part = ((int64_t)w.prob * p.nsplits + w.split) * p.rows;
+  return w;
+}
+
+// A split with nothing to attend: zero output rows and an empty LSE.
+template <int NT> __device__ __forceinline__ void write_empty_split(const params &p, const cta_work &w, int tid) {
+  for (int idx = tid; idx < w.nrows * (DV / 4); idx += NT) {
+    const int row = idx / (DV / 4), c = idx - row * (DV / 4);
+    if (p.nsplits > 1) reinterpret_cast<float4 *>(p.o_acc + (w.part + w.row0 + row) * DV)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    else reinterpret_cast<uint2 *>(p.out + ((int64_t)w.prob * p.rows + w.row0 + row) * DV)[c] = make_uint2(0, 0);
+  }
+  for (int row = tid; row < w.nrows; row += NT) {
+    int i, h;
+    row_coords(p, w.qi, w.row0 + row, i, h);
+    if (p.nsplits > 1) p.lse_acc[w.part + w.row0 + row] = -CUDART_INF_F;
+    else p.lse[((int64_t)w.r * p.h_q + h) * p.s_q + i] = CUDART_INF_F;
+  }
+}
+
+// Each row's LSE from its running max (base 2) and sum: the split's base-2
+// partial, or the final natural-log LSE (+inf for a row with no key).
+template <int NT>
+__device__ __forceinline__ void write_lse(const params &p, const cta_work &w, const float *m, const float *l_of, int tid) {
+  for (int row = tid; row < w.nrows; row += NT) {
+    const float l = l_of[row];
+    const float lse2 = l > 0.f ? m[row] + log2f(l) : -CUDART_INF_F;
+    int i, h;
+    row_coords(p, w.qi, w.row0 + row, i, h);
+    if (p.nsplits > 1) p.lse_acc[w.part + w.row0 + row] = lse2;
+    else p.lse[((int64_t)w.r * p.h_q + h) * p.s_q + i] = l > 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
+  }
+}
+
+// Dims [8c, 8c + 8) of query (r, i, h) as 8 bf16: one 16-byte load, or 8 strided ones.
+__device__ __forceinline__ uint4 load_q8(const params &p, int r, int i, int h, int c) {
+  const uint16_t *src = p.q + (int64_t)r * p.qs0 + (int64_t)i * p.qs1 + (int64_t)h * p.qs2 + (int64_t)c * 8 * p.qs3;
+  if (p.q_vec) return __ldg(reinterpret_cast<const uint4 *>(src));
+  uint16_t e[8];
+#pragma unroll
+  for (int k = 0; k < 8; k++) e[k] = __ldg(src + k * p.qs3);
+  return make_uint4(e[0] | (uint32_t)e[1] << 16, e[2] | (uint32_t)e[3] << 16, e[4] | (uint32_t)e[5] << 16,
+                    e[6] | (uint32_t)e[7] << 16);
+}
+
 template <int MR, int DQK>
 __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_kernel(const __grid_constant__ params p) {
   using S = shape<MR>;
@@ -172,41 +246,11 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
   float *s_part = reinterpret_cast<float *>(smem + L.s_part);
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  // chunks of one problem are adjacent in x, so they meet its K tiles in L2
-  const int prob = blockIdx.x / p.row_chunks, split = blockIdx.y, row0 = (blockIdx.x - prob * p.row_chunks) * MR;
-  const int nrows = min(MR, p.rows - row0);
-  const int r = p.sparse ? prob / p.s_q : prob, qi = p.sparse ? prob - (prob / p.s_q) * p.s_q : 0;
-
-  // Keys of this problem, and the tiles of this split.
-  int s_k = 0, nkeys;
-  if (!p.sparse) {
-    s_k = max(0, __ldg(p.cache_lens + r));
-    nkeys = s_k;
-    if (p.causal && p.s_q > 1) { // the chunk's last query sees the most keys
-      const int i_max = (row0 + nrows - 1) / p.h_q;
-      nkeys = max(0, min(s_k, s_k - p.s_q + i_max + 1));
-    }
-  } else {
-    nkeys = p.topk_len ? min(max(__ldg(p.topk_len + r), 0), p.topk) : p.topk;
-  }
-  const int ntiles = (nkeys + BN - 1) / BN, per = (ntiles + p.nsplits - 1) / p.nsplits;
-  const int t_begin = min(split * per, ntiles), t_end = min(t_begin + per, ntiles);
-  const int64_t part = ((int64_t)prob * p.nsplits + split) * p.rows; // first partial row of this split
-
-  if (t_begin >= t_end) { // nothing to attend: zero output and an empty LSE
-    for (int idx = tid; idx < nrows * (DV / 4); idx += NT) {
-      const int row = idx / (DV / 4), c = idx - row * (DV / 4);
-      if (p.nsplits > 1) reinterpret_cast<float4 *>(p.o_acc + (part + row0 + row) * DV)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-      else reinterpret_cast<uint2 *>(p.out + ((int64_t)prob * p.rows + row0 + row) * DV)[c] = make_uint2(0, 0);
-    }
-    for (int row = tid; row < nrows; row += NT) {
-      int i, h;
-      row_coords(p, qi, row0 + row, i, h);
-      if (p.nsplits > 1) p.lse_acc[part + row0 + row] = -CUDART_INF_F;
-      else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = CUDART_INF_F;
-    }
-    return;
-  }
+  const cta_work w = cta_work_of<MR>(p);
+  const int prob = w.prob, row0 = w.row0, nrows = w.nrows, r = w.r, qi = w.qi, s_k = w.s_k, nkeys = w.nkeys;
+  const int t_begin = w.t_begin, t_end = w.t_end;
+  const int64_t part = w.part;
+  if (t_begin >= t_end) return write_empty_split<NT>(p, w, tid);
 
   // Setup: dequant plans, Q rows, running statistics, slots of the first tiles.
   float tscale = 1.0f;
@@ -223,15 +267,7 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
     if (row < nrows) {
       int i, h;
       row_coords(p, qi, row0 + row, i, h);
-      const uint16_t *src = p.q + (int64_t)r * p.qs0 + (int64_t)i * p.qs1 + (int64_t)h * p.qs2 + (int64_t)c * 8 * p.qs3;
-      if (p.q_vec) val = __ldg(reinterpret_cast<const uint4 *>(src));
-      else {
-        uint16_t e[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) e[k] = __ldg(src + k * p.qs3);
-        val = make_uint4(e[0] | (uint32_t)e[1] << 16, e[2] | (uint32_t)e[3] << 16, e[4] | (uint32_t)e[5] << 16,
-                         e[6] | (uint32_t)e[7] << 16);
-      }
+      val = load_q8(p, r, i, h, c);
     }
     if (fused) {
       uint32_t *f = reinterpret_cast<uint32_t *>(reinterpret_cast<unsigned char *>(Qs) + qfrag_off<DQK>(row & 7, c));
@@ -501,14 +537,7 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
                  (uint32_t)to_bf16_bits(x0) | (uint32_t)to_bf16_bits(x1) << 16;
       }
     }
-  for (int row = tid; row < nrows; row += NT) {
-    const float l = l_run[row];
-    const float lse2 = l > 0.f ? m_fin[row] + log2f(l) : -CUDART_INF_F;
-    int i, h;
-    row_coords(p, qi, row0 + row, i, h);
-    if (p.nsplits > 1) p.lse_acc[part + row0 + row] = lse2;
-    else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = l > 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
-  }
+  write_lse<NT>(p, w, m_fin, l_run, tid);
 }
 
 } // namespace mla_attn

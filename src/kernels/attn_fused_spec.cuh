@@ -28,7 +28,7 @@
 #include <utility>
 
 #include "attn_decode_kernel.cuh"
-#include "mla/builtin_layouts.h"
+#include "mla/builtin_spec.cuh"
 
 namespace mla_attn_spec {
 
@@ -159,21 +159,12 @@ __host__ __device__ inline spec_smem make_spec_smem(int dqk, int pitch, int nsta
   return s;
 }
 
-// The built-in layouts: a __device__ constexpr descriptor and a class naming it
-// (the lead's pattern: a reference template parameter to a __device__ variable
-// does not survive the host stub). Only the read-distinct fp8 layouts get a
-// kernel (fp8_ds_mla_amax and fp8_v4_vllm read the same bytes the same way).
-#define MLA_ATTN_SPEC_DEF(n, init)                                                                                    \
-  __device__ constexpr mla_layout_desc dev_##n = init;                                                              \
-  struct spec_##n {                                                                                                 \
-    static constexpr mla_layout_desc host = init;                                                                   \
-    static constexpr const char *name = #n;                                                                         \
-    static __device__ __forceinline__ const mla_layout_desc &d() { return dev_##n; }                                \
-  };
-MLA_ATTN_SPEC_DEF(fp8_pertensor, MLA_BUILTIN_DESC_fp8_pertensor)
-MLA_ATTN_SPEC_DEF(fp8_ds_mla, MLA_BUILTIN_DESC_fp8_ds_mla)
-MLA_ATTN_SPEC_DEF(fp8_v4, MLA_BUILTIN_DESC_fp8_v4)
-#undef MLA_ATTN_SPEC_DEF
+// The built-in layouts as types (mla/builtin_spec.cuh). Only the read-distinct
+// fp8 layouts get a kernel (fp8_ds_mla_amax and fp8_v4_vllm read the same
+// bytes the same way).
+MLA_BUILTIN_SPEC(fp8_pertensor, MLA_BUILTIN_DESC_fp8_pertensor)
+MLA_BUILTIN_SPEC(fp8_ds_mla, MLA_BUILTIN_DESC_fp8_ds_mla)
+MLA_BUILTIN_SPEC(fp8_v4, MLA_BUILTIN_DESC_fp8_v4)
 
 static_assert(spec_ok(spec_fp8_pertensor::host) && spec_ok(spec_fp8_ds_mla::host) && spec_ok(spec_fp8_v4::host),
               "built-in fp8 layouts fit the specialized decode kernel");
@@ -303,39 +294,11 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
   constexpr int STAGE_BYTES = BN * PITCH;
 
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int prob = blockIdx.x / p.row_chunks, split = blockIdx.y, row0 = (blockIdx.x - prob * p.row_chunks) * MR;
-  const int nrows = min(MR, p.rows - row0);
-  const int r = p.sparse ? prob / p.s_q : prob, qi = p.sparse ? prob - (prob / p.s_q) * p.s_q : 0;
-
-  int s_k = 0, nkeys;
-  if (!p.sparse) {
-    s_k = max(0, __ldg(p.cache_lens + r));
-    nkeys = s_k;
-    if (p.causal && p.s_q > 1) {
-      const int i_max = (row0 + nrows - 1) / p.h_q;
-      nkeys = max(0, min(s_k, s_k - p.s_q + i_max + 1));
-    }
-  } else {
-    nkeys = p.topk_len ? min(max(__ldg(p.topk_len + r), 0), p.topk) : p.topk;
-  }
-  const int ntiles = (nkeys + BN - 1) / BN, per = (ntiles + p.nsplits - 1) / p.nsplits;
-  const int t_begin = min(split * per, ntiles), t_end = min(t_begin + per, ntiles);
-  const int64_t part = ((int64_t)prob * p.nsplits + split) * p.rows;
-
-  if (t_begin >= t_end) {
-    for (int idx = tid; idx < nrows * (DV / 4); idx += NT) {
-      const int row = idx / (DV / 4), c = idx - row * (DV / 4);
-      if (p.nsplits > 1) reinterpret_cast<float4 *>(p.o_acc + (part + row0 + row) * DV)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
-      else reinterpret_cast<uint2 *>(p.out + ((int64_t)prob * p.rows + row0 + row) * DV)[c] = make_uint2(0, 0);
-    }
-    for (int row = tid; row < nrows; row += NT) {
-      int i, h;
-      mla_attn::row_coords(p, qi, row0 + row, i, h);
-      if (p.nsplits > 1) p.lse_acc[part + row0 + row] = -CUDART_INF_F;
-      else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = CUDART_INF_F;
-    }
-    return;
-  }
+  const mla_attn::cta_work w = mla_attn::cta_work_of<MR>(p);
+  const int prob = w.prob, row0 = w.row0, nrows = w.nrows, r = w.r, qi = w.qi, s_k = w.s_k, nkeys = w.nkeys;
+  const int t_begin = w.t_begin, t_end = w.t_end;
+  const int64_t part = w.part;
+  if (t_begin >= t_end) return mla_attn::write_empty_split<NT>(p, w, tid);
 
   // Setup: this warp's quad slots and their Q A fragments (registers), slots of the first tiles.
   const float tscale = p.v.tensor_scale ? __ldg(p.v.tensor_scale) : 1.0f;
@@ -359,16 +322,7 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
       if (s.q < 0 || row >= nrows) continue;
       int i, h;
       mla_attn::row_coords(p, qi, row0 + row, i, h);
-      const int c = s.q * 4 + t4;
-      const uint16_t *src = p.q + (int64_t)r * p.qs0 + (int64_t)i * p.qs1 + (int64_t)h * p.qs2 + (int64_t)c * 8 * p.qs3;
-      if (p.q_vec) v[hh] = __ldg(reinterpret_cast<const uint4 *>(src));
-      else {
-        uint16_t e[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) e[k] = __ldg(src + k * p.qs3);
-        v[hh] = make_uint4(e[0] | (uint32_t)e[1] << 16, e[2] | (uint32_t)e[3] << 16, e[4] | (uint32_t)e[5] << 16,
-                           e[6] | (uint32_t)e[7] << 16);
-      }
+      v[hh] = mla_attn::load_q8(p, r, i, h, s.q * 4 + t4);
     }
     qa[I][0] = v[0].x, qa[I][1] = v[1].x, qa[I][2] = v[0].y, qa[I][3] = v[1].y;
     qb[I][0] = v[0].z, qb[I][1] = v[1].z, qb[I][2] = v[0].w, qb[I][3] = v[1].w;
@@ -501,14 +455,7 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
                (uint32_t)mla_attn::to_bf16_bits(x0) | (uint32_t)mla_attn::to_bf16_bits(x1) << 16;
     }
   }
-  for (int row = tid; row < nrows; row += NT) {
-    const float l = l_fin[row];
-    const float lse2 = l > 0.f ? m_fin[row] + log2f(l) : -CUDART_INF_F;
-    int i, h;
-    mla_attn::row_coords(p, qi, row0 + row, i, h);
-    if (p.nsplits > 1) p.lse_acc[part + row0 + row] = lse2;
-    else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = l > 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
-  }
+  mla_attn::write_lse<NT>(p, w, m_fin, l_fin, tid);
 }
 
 } // namespace mla_attn_spec

@@ -60,33 +60,10 @@ constexpr const char *kBuiltinNames[] = {
 MLA_BUILTIN_LAYOUTS(MLA_KVS_DEF)
 #undef MLA_KVS_DEF
 
-// layout_match.h's equality for reading, as a constant expression.
-constexpr bool field_same_read(const mla_layout_field &a, const mla_layout_field &b) {
-  if (a.role != b.role || a.dtype != b.dtype || a.dim_lo != b.dim_lo || a.count != b.count || a.region != b.region ||
-      a.byte_off != b.byte_off || a.scale_kind != b.scale_kind)
-    return false;
-  if (a.scale_kind == MLA_SCALE_GROUP && (a.group != b.group || a.scale_dtype != b.scale_dtype ||
-                                          a.scale_region != b.scale_region || a.scale_off != b.scale_off))
-    return false;
-  return true;
-}
-
-constexpr bool desc_same_read(const mla_layout_desc &a, const mla_layout_desc &b) {
-  if (a.dim != b.dim || a.k_dims != b.k_dims || a.v_dims != b.v_dims || a.nfields != b.nfields ||
-      a.nregions != b.nregions || a.block_size != b.block_size || a.page_bytes != b.page_bytes ||
-      a.page_align != b.page_align || a.token_align != b.token_align)
-    return false;
-  for (int r = 0; r < a.nregions && r < MLA_LAYOUT_MAX_REGIONS; r++)
-    if (a.region_row_bytes[r] != b.region_row_bytes[r] || a.region_off[r] != b.region_off[r]) return false;
-  for (int f = 0; f < a.nfields && f < MLA_LAYOUT_MAX_FIELDS; f++)
-    if (!field_same_read(a.fields[f], b.fields[f])) return false;
-  return true;
-}
-
 // The instantiated variant of a built-in: the first one equal to it for reading.
 constexpr int canonical_of(int i) {
   for (int j = 0; j < i; j++)
-    if (desc_same_read(kBuiltins[j], kBuiltins[i])) return j;
+    if (mla_layout_desc_same(&kBuiltins[j], &kBuiltins[i], 1)) return j;
   return i;
 }
 template <class S> constexpr bool is_canonical() { return canonical_of(S::index) == S::index; }

@@ -25,20 +25,12 @@
 #define MLA_KV_WRITE_SPEC_CUH
 
 #include "kv_common.cuh"
-#include "mla/builtin_layouts.h"
+#include "mla/builtin_spec.cuh"
 #include "mla/layout_match.h"
 
 namespace kvw {
 
-#define KVW_DEF(n, init)                                                                                              \
-  __device__ constexpr mla_layout_desc dev_##n = init;                                                                \
-  struct spec_##n {                                                                                                   \
-    static constexpr mla_layout_desc host = init;                                                                     \
-    static constexpr const char *name = #n;                                                                           \
-    static __device__ __forceinline__ const mla_layout_desc &d() { return dev_##n; }                                  \
-  };
-MLA_BUILTIN_LAYOUTS(KVW_DEF)
-#undef KVW_DEF
+MLA_BUILTIN_LAYOUTS(MLA_BUILTIN_SPEC)
 
 // ---- compile-time geometry -------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 /* Descriptor equality, for picking a compile-time-specialized kernel variant
  * (instantiated from builtin_layouts.h) for a runtime descriptor. Only the
  * meaningful entries are compared: regions below nregions, fields below
- * nfields. `for_reading` ignores what only a writer uses (scale policy, eps,
+ * nfields (constexpr in C++, so variants can be grouped at compile time).
+ * `for_reading` ignores what only a writer uses (scale policy, eps,
  * clamps), so one gather variant serves layouts that differ only in how their
  * scales were chosen. */
 #ifndef MLA_LAYOUT_MATCH_H
@@ -9,7 +10,7 @@
 
 #include "layout_desc.h"
 
-MLA_HD int mla_layout_field_same(const mla_layout_field *a, const mla_layout_field *b, int for_reading) {
+MLA_HD MLA_CONSTEXPR int mla_layout_field_same(const mla_layout_field *a, const mla_layout_field *b, int for_reading) {
   if (a->role != b->role || a->dtype != b->dtype || a->dim_lo != b->dim_lo || a->count != b->count ||
       a->region != b->region || a->byte_off != b->byte_off || a->scale_kind != b->scale_kind)
     return 0;
@@ -22,7 +23,7 @@ MLA_HD int mla_layout_field_same(const mla_layout_field *a, const mla_layout_fie
          a->eps == b->eps && a->scale_min == b->scale_min && a->scale_max == b->scale_max;
 }
 
-MLA_HD int mla_layout_desc_same(const mla_layout_desc *a, const mla_layout_desc *b, int for_reading) {
+MLA_HD MLA_CONSTEXPR int mla_layout_desc_same(const mla_layout_desc *a, const mla_layout_desc *b, int for_reading) {
   if (a->dim != b->dim || a->k_dims != b->k_dims || a->v_dims != b->v_dims || a->nfields != b->nfields ||
       a->nregions != b->nregions || a->block_size != b->block_size || a->page_bytes != b->page_bytes ||
       a->page_align != b->page_align || a->token_align != b->token_align)

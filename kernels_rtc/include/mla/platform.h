@@ -9,6 +9,13 @@
 #define MLA_HD static inline
 #endif
 
+/* Functions shared with C that C++ callers may also evaluate at compile time. */
+#ifdef __cplusplus
+#define MLA_CONSTEXPR constexpr
+#else
+#define MLA_CONSTEXPR
+#endif
+
 #if defined(__CUDACC_RTC__)
 /* NVRTC has no <stdint.h> without the toolkit's include path; mlalab passes
  * it, but keep the fixed-width names available either way. */
