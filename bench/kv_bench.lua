@@ -58,8 +58,10 @@ local function fill(c, li)
   return v
 end
 
+-- Integers in [0, hi), drawn as integers: a float draw rounded to hi now and then
+-- (about one in 2^25 for hi = 65536), an out-of-range index.
 local function rand_ints(n, hi, dtype)
-  return mla.rand({ n }, { lo = 0, hi = hi, device = dev }):to(dtype or "i32")
+  return mla.rand({ n }, { lo = 0, hi = hi, device = dev, dtype = dtype or "i32" })
 end
 
 -- Pages of a page-granular permutation: slot t -> perm[t / BS] * BS + t % BS.

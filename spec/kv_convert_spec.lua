@@ -5,7 +5,8 @@
 -- patterns, decoding on every code, and mla::divide8 (x / s without a
 -- division per element) bit-identical to __fdiv_rn for every bf16 x and many
 -- fp32 x over scales of every kind the layouts produce (e4m3 and ue8m0 codes,
--- raw f32 amax / qmax scales, tensor scales, extremes, NaN).
+-- raw f32 amax / qmax scales, tensor scales, extremes, NaN), and the
+-- division-free e2m1 quotient encoder on its whole domain.
 local mla = require "mlalab"
 local rtc = mla.rtc
 
@@ -90,6 +91,28 @@ extern "C" __global__ void divide_all(const float *scales, unsigned long long *b
     }
   }
 }
+
+// e2m1x8_encode_bf16_div: every e4m3 scale code (blockIdx.y; those in [2^-9, 448]
+// and NaN are the function's domain) x every bf16 pattern (NaN x only with a
+// NaN scale: a NaN in a group makes its scale NaN), against __fdiv_rn +
+// the scalar encoder. The word packs 8 consecutive patterns.
+extern "C" __global__ void e2m1_div_all(unsigned long long *bad, unsigned long long *first) {
+  const float s = mla::e4m3_to_float((uint8_t)blockIdx.y);
+  if (!(s != s || (s >= 0x1p-9f && s <= 448.0f))) return;
+  const float r = __frcp_rn(s);
+  for (uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < 65536 / 8; j += gridDim.x * blockDim.x) {
+    uint32_t h[8];
+    for (int k = 0; k < 8; k++) h[k] = 8 * j + k;
+    const uint4 w = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+    const uint32_t got = mla::e2m1x8_encode_bf16_div(w, s, r);
+    for (int k = 0; k < 8; k++) {
+      const float x = __uint_as_float(h[k] << 16);
+      if (x != x && s == s) continue;
+      if (((got >> (4 * k)) & 15u) != mla::enc_e2m1(__fdiv_rn(x, s)))
+        miss(bad, first, (unsigned long long)blockIdx.y << 32 | h[k]);
+    }
+  }
+}
 ]]
 
 local function scales()
@@ -131,6 +154,12 @@ describe("packed conversions of mla/token_access.cuh #gpu", function()
   it("packed e4m3 / e2m1 decoding equals the scalar decoders on every code", function()
     local n, first = run("decode_all", 256)
     assert.equal(0, n, string.format("%d mismatches, first 0x%x", n, first))
+  end)
+
+  it("the division-free e2m1 encoder equals __fdiv_rn + e2m1 for every bf16 x and every e4m3 scale in [2^-9, 448] or NaN", function()
+    local n, first = run("e2m1_div_all", { 32, 256 })
+    assert.equal(0, n, string.format("%d mismatches, first at e4m3 scale code 0x%02x, bf16 x 0x%04x", n,
+      first >= 0 and first >> 32 or -1, first >= 0 and first & 0xffff or -1))
   end)
 
   it("divide8 is bit-identical to __fdiv_rn for every bf16 x and mixed fp32 x, over every kind of scale", function()

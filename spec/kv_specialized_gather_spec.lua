@@ -260,6 +260,49 @@ describe("specialized KV gathers vs generic vs CPU #gpu", function()
     assert.has_error(function() K.topk_paged(mla.tensor({ { 5, 40 } }, "i32", "cuda"), small, 16) end)
   end)
 
+  it("topk_paged table staging: 16-byte rows, rows at a 4-byte offset, a column-strided table, bad page ids", function()
+    rng(5100)
+    local q_lens, cols, bs = { 2, 3 }, 1024, 64
+    local function table_of(n)
+      local bt = {}
+      for r = 1, 2 do
+        bt[r] = {}
+        for j = 1, n do bt[r][j] = math.random(0, 1 << 24) end
+      end
+      return bt
+    end
+    local topk = {}
+    for r = 1, 2 do
+      for _ = 1, q_lens[r] do
+        local row = {}
+        for k = 1, 2048 do row[k] = math.random() < 0.05 and -1 or math.random(0, cols * bs - 1) end
+        topk[#topk + 1] = row
+      end
+    end
+    local tk = mla.tensor(topk, "i32")
+    local function same(btt, what)
+      local a, la = K.topk_paged(tk, btt, bs, { q_lens = q_lens, lens = true })
+      local b, lb = K.topk_paged(tk:cuda(), btt:cuda(), bs, { q_lens = q_lens, lens = true })
+      assert.same(a:totable(), b:cpu():totable(), what)
+      assert.same(la:totable(), lb:cpu():totable(), what)
+    end
+    local bt = table_of(cols + 1)
+    same(mla.tensor(table_of(cols), "i32"), "16-byte rows")
+    local wide = mla.tensor(bt, "i32")
+    same(wide:narrow(1, 1, cols), "rows at a 4-byte offset") -- 4-byte cp.async
+    same(wide:narrow(1, 0, cols), "rows of 1025 columns, the first 1024 used")
+    same(mla.tensor(bt, "i32"):transpose(0, 1):contiguous():transpose(0, 1):narrow(1, 0, cols), "column-strided table")
+    -- page ids that are not pages (-1, past int32 / block_size): counted and raised on both devices
+    for _, badv in ipairs { -1, (1 << 31) // bs } do
+      local b2 = table_of(cols)
+      b2[2][7] = badv
+      local tkb = mla.tensor({ { 6 * bs + 3, 5 }, { 6 * bs + 1, 5 } }, "i32")
+      local btb = mla.tensor(b2, "i32")
+      assert.has_error(function() K.topk_paged(tkb, btb, bs, { q_lens = { 1, 1 } }) end)
+      assert.has_error(function() K.topk_paged(tkb:cuda(), btb:cuda(), bs, { q_lens = { 1, 1 } }) end)
+    end
+  end)
+
   it("the switch: specialize() returns the previous setting; a built-in reports its name only when on", function()
     local prev = K.specialize(false)
     assert.is_false(K.specialize(true))

@@ -16,7 +16,8 @@
 // of each group is computed by one lane (the reference's formula,
 // mla/quant_math.h, division by qmax through mla::divide1) and its decoded
 // value broadcast; x / scale by mla::divide8 and the packed e4m3 / e2m1
-// encoders of mla/token_access.cuh: bit-identical to the CPU reference.
+// encoders of mla/token_access.cuh (e2m1 with e4m3 group scales by
+// e2m1x8_encode_bf16_div, no division): bit-identical to the CPU reference.
 //
 // Source rows are read straight from global memory with 16-byte loads, every
 // load of a tile issued before any use; the slot ids one tile ahead. MB: the
@@ -122,6 +123,12 @@ template <class L> constexpr bool items_one_field() {
     if (item_field<L>(k) != item_field<L>(0)) return false;
   return true;
 }
+// e2m1 with e4m3 group scales clamped to >= 2^-9: quantized by
+// mla::e2m1x8_encode_bf16_div (no division; its preconditions hold)
+template <class L> constexpr bool fast_e2m1(int f) {
+  return f >= 0 && fld_dtype<L>(f) == MLA_E2M1 && fld_skind<L>(f) == MLA_SCALE_GROUP && fld_sdtype<L>(f) == MLA_E4M3 &&
+         fld_smin<L>(f) >= 0x1p-9f;
+}
 template <class L> constexpr bool has_tensor_scale() {
   for (int f = 0; f < L::host.nfields; f++)
     if (L::host.fields[f].role == MLA_FIELD_DATA && L::host.fields[f].scale_kind == MLA_SCALE_TENSOR) return true;
@@ -222,6 +229,13 @@ __device__ __forceinline__ void divide8_group(const mla::divisor &v, uint4 w, fl
     }
   }
   mla::divide8(v, x);
+}
+
+// The divisor of a group scale: the quotient code's (s, 1 / s) for fast e2m1
+// fields, mla::divide8's otherwise.
+template <bool FAST> __device__ __forceinline__ mla::divisor group_divisor(float dec) {
+  if constexpr (FAST) return mla::divisor{dec, __frcp_rn(dec), 3};
+  else return mla::make_divisor(dec);
 }
 
 // mla_group_scale_value for field F of L, the division by qmax through qdiv.
@@ -460,7 +474,7 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
           const uint32_t code = mla_encode_scale(sd, group_scale<L, f>(gam[k], qdiv[f]), &dec);
           constexpr int sreg = fld_sregion<L>(f), so = fld_soff<L>(f) + item_group<L>(k) * scale_bytes_of(sd);
           if (live && sub == 0) store_scale<sd>(row[sreg] + so, code);
-          idiv[k] = mla::make_divisor(dec);
+          idiv[k] = group_divisor<fast_e2m1<L>(f)>(dec);
         });
       } else if constexpr (NI > 1) {
         // item k's scale by lane k % P in round k / P, broadcast over the token's lanes
@@ -482,7 +496,8 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
           if (live && k < NI) store_scale<sd>(row[sreg] + so + k * ss, code);
           static_for<P>([&](auto jj) {
             constexpr int j = decltype(jj)::value;
-            if constexpr (r * P + j < NI) idiv[r * P + j] = mla::make_divisor(__shfl_sync(0xffffffffu, dec, lbase + j));
+            if constexpr (r * P + j < NI)
+              idiv[r * P + j] = group_divisor<fast_e2m1<L>(f)>(__shfl_sync(0xffffffffu, dec, lbase + j));
           });
         });
       }
@@ -511,7 +526,7 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
             const int src = lane & ~(gn - 1);
             static_for<gn>([&](auto jj) {
               constexpr int j = decltype(jj)::value;
-              sdiv[i + j] = mla::make_divisor(__shfl_sync(0xffffffffu, dec, src + j));
+              sdiv[i + j] = group_divisor<fast_e2m1<L>(f)>(__shfl_sync(0xffffffffu, dec, src + j));
             });
           }
         }
@@ -529,6 +544,13 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
           if constexpr (dt == MLA_BF16) {
             *reinterpret_cast<uint4 *>(dst) = make_uint4(mla::bf16x2_canon_nan(x.x), mla::bf16x2_canon_nan(x.y),
                                                          mla::bf16x2_canon_nan(x.z), mla::bf16x2_canon_nan(x.w));
+          } else if constexpr (fast_e2m1<L>(f)) {
+            if constexpr (slot_cross<L>(i)) {
+              const mla::divisor &v = idiv[slot_item<L>(i)];
+              *reinterpret_cast<uint32_t *>(dst) = mla::e2m1x8_encode_bf16_div(x, v.s, v.r);
+            } else {
+              *reinterpret_cast<uint32_t *>(dst) = mla::e2m1x8_encode_bf16_div(x, sdiv[i].s, sdiv[i].r);
+            }
           } else {
             float q[8];
             mla::unpack_bf16x8(x, q);

@@ -194,6 +194,44 @@ __device__ __forceinline__ uint32_t e2m1x8_encode(const float (&q)[8]) {
   return w;
 }
 
+/* The e2m1 codes of x / s for the 8 bf16 x of w, without a division and with
+ * most of the work on the FP32 pipe (e2m1_encode is integer work, the pipe a
+ * quantizing write runs out of first): bit-identical to
+ * e2m1_encode(__fdiv_rn(x, s)) when s is an e4m3 value in [2^-9, 448] and
+ * r = __frcp_rn(s), for every non-NaN bf16 x (a NaN in a group makes its scale
+ * NaN; a NaN s gives 0x7 everywhere, as the reference does).
+ *  - quotient: x * r corrected by one residual step (x - q s is exact), so a
+ *    quotient that is exactly an e2m1 midpoint (a bf16 x has 8 significant
+ *    bits, s 4: x = 1.25 s happens) is found exactly and ties go to even;
+ *    elsewhere the quotient is >= 2^-9 (relative) away from every midpoint;
+ *  - |q| >= 1: rounded to 2 significant bits by Veltkamp's split
+ *    (c = q (2^22 + 1), v = c - (c - q)), and v * 2^-126 has the e2m1 code in
+ *    bits 22..25 (exponent bias 127 - 126 = 1, as e2m1's);
+ *  - |q| < 1: q * 2^-148 is a float subnormal rounded to a multiple of
+ *    2^-149, i.e. round(2 |q|), which is the code (0, 0.5, 1 -> 0, 1, 2);
+ *  - codes past 7 (|q| >= 7, inf) saturate to 7 (+-6), the sign is x's.
+ * spec/kv_convert_spec.lua checks it against __fdiv_rn + e2m1_encode for
+ * every bf16 x and every e4m3 scale in range. */
+__device__ __forceinline__ uint32_t e2m1x8_encode_bf16_div(uint4 w, float s, float r) {
+  if (s != s) return 0x77777777u;
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+  uint32_t out = 0;
+#pragma unroll
+  for (int k = 0; k < 8; k++) {
+    const uint32_t xb = (k & 1) ? ws[k / 2] & 0xFFFF0000u : ws[k / 2] << 16;
+    const float x = __uint_as_float(xb);
+    const float q0 = __fmul_rn(x, r);
+    const float a = fabsf(__fmaf_rn(__fmaf_rn(-q0, s, x), r, q0));
+    const float c = __fmaf_rn(a, 4194304.0f, a);
+    const float v = __fsub_rn(c, __fsub_rn(c, a));
+    const uint32_t big = __float_as_uint(__fmul_rn(v, 0x1p-126f)) >> 22;
+    const uint32_t small = __float_as_uint(__fmul_rn(a, 0x1p-148f));
+    const uint32_t code = min(a < 1.0f ? small : big, 7u) | ((xb >> 28) & 8u);
+    out |= code << (4 * k);
+  }
+  return out;
+}
+
 /* Bytes that are an e4m3 NaN (0x7f / 0xff) become 0x7f, the reference's one NaN. */
 __device__ __forceinline__ uint32_t e4m3x4_canon_nan(uint32_t w) {
   return w & ~(((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u);
@@ -227,7 +265,7 @@ __device__ __forceinline__ uint32_t bf16x2_canon_nan(uint32_t w) {
  *  - anything else (and any chunk holding other x): __fdiv_rn. */
 struct divisor {
   float s, r;
-  int mode; /* 0 multiply, 1 corrected reciprocal, 2 __fdiv_rn */
+  int mode; /* 0 multiply, 1 corrected reciprocal, 2 __fdiv_rn, 3 r = __frcp_rn(s) for e2m1x8_encode_bf16_div */
 };
 
 __device__ __forceinline__ divisor make_divisor(float s) {
