@@ -494,10 +494,15 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
           const uint32_t code = mla_encode_scale(sd, group_scale<L, f>(a, qdiv[f]), &dec);
           constexpr int sreg = fld_sregion<L>(f), so = fld_soff<L>(f), ss = scale_bytes_of(sd);
           if (live && k < NI) store_scale<sd>(row[sreg] + so + k * ss, code);
+          [[maybe_unused]] const float rc = fast_e2m1<L>(f) ? __frcp_rn(dec) : 0.0f;
           static_for<P>([&](auto jj) {
             constexpr int j = decltype(jj)::value;
-            if constexpr (r * P + j < NI)
-              idiv[r * P + j] = group_divisor<fast_e2m1<L>(f)>(__shfl_sync(0xffffffffu, dec, lbase + j));
+            if constexpr (r * P + j < NI) {
+              if constexpr (fast_e2m1<L>(f))
+                idiv[r * P + j] = mla::divisor{__shfl_sync(0xffffffffu, dec, lbase + j), __shfl_sync(0xffffffffu, rc, lbase + j), 3};
+              else
+                idiv[r * P + j] = mla::make_divisor(__shfl_sync(0xffffffffu, dec, lbase + j));
+            }
           });
         });
       }
@@ -524,10 +529,18 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
             const int g = (P * (i + r) - lo8) / gn + sub / gn;
             if (live) store_scale<sd>(row[sreg] + so + g * ss, code);
             const int src = lane & ~(gn - 1);
-            static_for<gn>([&](auto jj) {
-              constexpr int j = decltype(jj)::value;
-              sdiv[i + j] = group_divisor<fast_e2m1<L>(f)>(__shfl_sync(0xffffffffu, dec, src + j));
-            });
+            if constexpr (fast_e2m1<L>(f)) { // 1 / s once per lane, passed along with s
+              const float rc = __frcp_rn(dec);
+              static_for<gn>([&](auto jj) {
+                constexpr int j = decltype(jj)::value;
+                sdiv[i + j] = mla::divisor{__shfl_sync(0xffffffffu, dec, src + j), __shfl_sync(0xffffffffu, rc, src + j), 3};
+              });
+            } else {
+              static_for<gn>([&](auto jj) {
+                constexpr int j = decltype(jj)::value;
+                sdiv[i + j] = mla::make_divisor(__shfl_sync(0xffffffffu, dec, src + j));
+              });
+            }
           }
         }
       });

@@ -209,7 +209,8 @@ __device__ __forceinline__ uint32_t e2m1x8_encode(const float (&q)[8]) {
  *    bits 22..25 (exponent bias 127 - 126 = 1, as e2m1's);
  *  - |q| < 1: q * 2^-148 is a float subnormal rounded to a multiple of
  *    2^-149, i.e. round(2 |q|), which is the code (0, 0.5, 1 -> 0, 1, 2);
- *  - codes past 7 (|q| >= 7, inf) saturate to 7 (+-6), the sign is x's.
+ *  - codes past 7 (|q| >= 7, inf) saturate to 7 (+-6), the sign is x's
+ *    (all 8 signs moved into place by 4 byte permutes).
  * spec/kv_convert_spec.lua checks it against __fdiv_rn + e2m1_encode for
  * every bf16 x and every e4m3 scale in range. */
 __device__ __forceinline__ uint32_t e2m1x8_encode_bf16_div(uint4 w, float s, float r) {
@@ -226,10 +227,16 @@ __device__ __forceinline__ uint32_t e2m1x8_encode_bf16_div(uint4 w, float s, flo
     const float v = __fsub_rn(c, __fsub_rn(c, a));
     const uint32_t big = __float_as_uint(__fmul_rn(v, 0x1p-126f)) >> 22;
     const uint32_t small = __float_as_uint(__fmul_rn(a, 0x1p-148f));
-    const uint32_t code = min(a < 1.0f ? small : big, 7u) | ((xb >> 28) & 8u);
-    out |= code << (4 * k);
+    out |= min(a < 1.0f ? small : big, 7u) << (4 * k);
   }
-  return out;
+  // the sign of element k to bit 4k + 3 for all 8 at once: the high byte of
+  // every bf16 gathered, then each replicated from its sign (prmt's msb mode)
+  uint32_t lo, hi, ev, od;
+  asm("prmt.b32 %0, %1, %2, 0x7351;" : "=r"(lo) : "r"(w.x), "r"(w.y));
+  asm("prmt.b32 %0, %1, %2, 0x7351;" : "=r"(hi) : "r"(w.z), "r"(w.w));
+  asm("prmt.b32 %0, %1, %2, 0xDC98;" : "=r"(ev) : "r"(lo), "r"(hi)); // byte j: 0xff if element 2j < 0
+  asm("prmt.b32 %0, %1, %2, 0xFEBA;" : "=r"(od) : "r"(lo), "r"(hi)); // byte j: 0xff if element 2j + 1 < 0
+  return out | (((ev & 0x0F0F0F0Fu) | (od & 0xF0F0F0F0u)) & 0x88888888u);
 }
 
 /* Bytes that are an e4m3 NaN (0x7f / 0xff) become 0x7f, the reference's one NaN. */
