@@ -566,6 +566,21 @@ describe("attention baked specialized kernels", function()
     end
   end)
 
+  it("fp8_pertensor's f16 operands: a non-power-of-two tensor scale and q far past f16's range #gpu", function()
+    -- the specialized kernel multiplies e4m3 codes as f16 and scales Q by 2^-k so that
+    -- every |q| stays below 2^15; here |q| reaches ~2^21 (k ~ 7) and the softmax scale
+    -- brings the scores back to the usual range
+    for k, q_std in ipairs { 3, 3 * 2 ^ 17 } do
+      mla.manual_seed(870 + k)
+      local case = C.dense { layout = "fp8_pertensor", b = 3, s_q = 1, h_q = 16, lens = { 500, 77, 1200 },
+        tensor_scale = 0.37, q_std = q_std }
+      both(case, { scale = case.layout.k_dims ^ -0.5 * 3 / q_std }, DENSE_OUT, SPEC_VARIANT.fp8_pertensor)
+      local sc = C.sparse { layout = "fp8_pertensor", b = 2, s_q = 2, h_q = 8, topk = 160, pool = 600, invalid = 0.1,
+        block_size = 64, tensor_scale = 0.37, q_std = q_std }
+      both(sc, { scale = sc.layout.k_dims ^ -0.5 * 3 / q_std, splits = 2 }, SPARSE_OUT, SPEC_VARIANT.fp8_pertensor)
+    end
+  end)
+
   it("causal MTP (s_q 2 x h_q 8 = 16 rows), a padded view and strided q on the specialized kernels #gpu", function()
     for k, name in ipairs { "fp8_ds_mla", "fp8_v4", "fp8_pertensor" } do
       mla.manual_seed(870 + k)

@@ -148,6 +148,13 @@ template <int DQK> __device__ __forceinline__ int qfrag_off(int pair, int c) { r
 
 __device__ __forceinline__ uint16_t to_bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 
+// Two bf16 (lo, hi) times s as f16x2, round to nearest (exact for a power-of-two s
+// that keeps the values in f16's normal range).
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w, float s) {
+  const __half2 h = __floats2half2_rn(__uint_as_float(w << 16) * s, __uint_as_float(w & 0xFFFF0000u) * s);
+  return *reinterpret_cast<const uint32_t *>(&h);
+}
+
 // What one CTA works on (both decode kernels): the problem (a batch row, or a
 // batch row x query for sparse), its chunk of rows, the keys it attends and
 // the tiles of its KV split. Chunks of one problem are adjacent in x, so they

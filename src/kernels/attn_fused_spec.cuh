@@ -132,6 +132,18 @@ __host__ __device__ constexpr bool has_kind(const mla_layout_desc &d, int kind) 
   return false;
 }
 
+// Every K chunk e4m3 under one scale for the whole tensor (or none): the
+// kernel multiplies the codes themselves, as f16 (every e4m3 value is exactly
+// an f16: one conversion per pair, no scale product, no bf16 rounding), with Q
+// and P in f16, and applies the tensor scale once to the scores and once to O.
+__host__ __device__ constexpr bool unscaled_f16(const mla_layout_desc &d) {
+  const int k0 = chunk_at(d, 0).kind;
+  if (k0 != SK_FP8_TENSOR && k0 != SK_FP8_ONE) return false;
+  for (int q = 0; q < d.k_dims / 32; q++)
+    if (chunk_at(d, q * 32).kind != k0) return false;
+  return true;
+}
+
 // Shared-memory plan (host and device agree).
 struct spec_smem {
   int p, stages, vb, s_part, alpha, m_fin, l_fin, tok_page, tok_off, total;
@@ -222,9 +234,22 @@ struct slot {
   int q, kind, src, ssrc, is_v;
 };
 
-template <int KIND>
+// 8 e4m3 codes as f16 (exact), two per conversion.
+__device__ __forceinline__ uint4 e4m3x8_f16(uint2 raw) {
+  uint32_t o[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    const uint32_t w = i < 2 ? raw.x : raw.y;
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((i & 1) ? w >> 16 : w & 0xffffu), __NV_E4M3);
+    o[i] = (uint32_t)h.x | (uint32_t)h.y << 16;
+  }
+  return make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+template <int KIND, bool F16>
 __device__ __forceinline__ uint4 convert(const unsigned char *row, const slot &s, float tscale) {
-  if constexpr (KIND == SK_COPY) return *reinterpret_cast<const uint4 *>(row + s.src);
+  if constexpr (F16) return e4m3x8_f16(*reinterpret_cast<const uint2 *>(row + s.src));
+  else if constexpr (KIND == SK_COPY) return *reinterpret_cast<const uint4 *>(row + s.src);
   else {
     float sc = 1.0f;
     if constexpr (KIND == SK_FP8_TENSOR) sc = tscale;
@@ -239,12 +264,18 @@ template <int KIND, class LS>
 __device__ __forceinline__ void run_slot(const unsigned char *rows, unsigned char *vrow, const slot &s, const uint32_t (&qa)[4],
                                          const uint32_t (&qb)[4], float tscale, float (&acc)[4][4]) {
   constexpr int PITCH = stage_pitch(LS::host);
+  constexpr bool F16 = unscaled_f16(LS::host);
 #pragma unroll
   for (int nt = 0; nt < 4; nt++) {
-    const uint4 kv = convert<KIND>(rows + nt * 8 * PITCH, s, tscale);
+    const uint4 kv = convert<KIND, F16>(rows + nt * 8 * PITCH, s, tscale);
     if (s.is_v) *reinterpret_cast<uint4 *>(vrow + nt * 8 * VP * 2) = kv;
-    mla::mma_bf16_16816(acc[nt], qa, kv.x, kv.y);
-    mla::mma_bf16_16816(acc[nt], qb, kv.z, kv.w);
+    if constexpr (F16) {
+      mla::mma_f16_16816(acc[nt], qa, kv.x, kv.y);
+      mla::mma_f16_16816(acc[nt], qb, kv.z, kv.w);
+    } else {
+      mla::mma_bf16_16816(acc[nt], qa, kv.x, kv.y);
+      mla::mma_bf16_16816(acc[nt], qb, kv.z, kv.w);
+    }
   }
 }
 
@@ -301,6 +332,7 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
   if (t_begin >= t_end) return mla_attn::write_empty_split<NT>(p, w, tid);
 
   // Setup: this warp's quad slots and their Q A fragments (registers), slots of the first tiles.
+  constexpr bool F16 = unscaled_f16(D);
   const float tscale = p.v.tensor_scale ? __ldg(p.v.tensor_scale) : 1.0f;
   slot sl[NS];
   uint32_t qa[NS][4], qb[NS][4];
@@ -327,11 +359,49 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
     qa[I][0] = v[0].x, qa[I][1] = v[1].x, qa[I][2] = v[0].y, qa[I][3] = v[1].y;
     qb[I][0] = v[0].z, qb[I][1] = v[1].z, qb[I][2] = v[0].w, qb[I][3] = v[1].w;
   });
+  // f16 operands: the CTA's largest finite |q| (bf16 magnitude bits) through
+  // alpha_s, which the main loop first writes after its second barrier
+  uint32_t *qmax_w = reinterpret_cast<uint32_t *>(alpha_s);
+  if constexpr (F16) {
+    uint32_t mx = 0;
+#pragma unroll
+    for (int i = 0; i < NS; i++)
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const uint32_t a = (qa[i][j] >> (16 * h)) & 0x7FFFu, b = (qb[i][j] >> (16 * h)) & 0x7FFFu;
+          mx = max(mx, max(a < 0x7F80u ? a : 0u, b < 0x7F80u ? b : 0u));
+        }
+    mx = __reduce_max_sync(0xffffffffu, mx);
+    if (lane == 0) qmax_w[warp] = mx;
+  }
   const int nst = p.nstages;
   for (int st = 0; st < nst; st++)
     for (int n = tid; n < BN; n += NT)
       mla_attn::token_of(p, r, qi, nkeys, t_begin + st, n, tok_page[st * BN + n], tok_off[st * BN + n]);
   __syncthreads();
+  // Q to f16, scaled by 2^-k (exact) so that every finite |q| stays below 2^15;
+  // the scores take the 2^k back with the tensor scale (sl2), O the tensor scale.
+  float sl2 = p.scale_log2, oscale = 1.0f;
+  if constexpr (F16) {
+    uint32_t mx = 0;
+#pragma unroll
+    for (int i = 0; i < NW; i++) mx = max(mx, qmax_w[i]);
+    const int e = (int)(mx >> 7) - 127; // exponent of the largest |q|
+    const int k = e >= 15 ? e - 14 : 0;
+    const float qs = __uint_as_float((uint32_t)(127 - k) << 23);
+    const float ts = chunk_at(D, 0).kind == SK_FP8_TENSOR ? tscale : 1.0f;
+    sl2 = p.scale_log2 * ts * __uint_as_float((uint32_t)(127 + k) << 23);
+    oscale = ts;
+#pragma unroll
+    for (int i = 0; i < NS; i++)
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        qa[i][j] = mla_attn::bf16x2_to_f16x2(qa[i][j], qs);
+        qb[i][j] = mla_attn::bf16x2_to_f16x2(qb[i][j], qs);
+      }
+  }
   for (int st = 0; st + 1 < nst; st++) {
     if (t_begin + st < t_end) issue_tile<LS>(p, stages + st * STAGE_BYTES, tok_page + st * BN, tok_off + st * BN);
     mla::cp_async_commit();
@@ -392,11 +462,11 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
         float s = s_part[row * SP + lane];
 #pragma unroll
         for (int w = 1; w < NW; w++) s += s_part[w * MR * SP + row * SP + lane];
-        s = key_ok && t * BN + lane <= lim[rr] ? s * p.scale_log2 : -CUDART_INF_F;
+        s = key_ok && t * BN + lane <= lim[rr] ? s * sl2 : -CUDART_INF_F;
         const float mnew = fmaxf(m_run[rr], warp_max(s));
         const float base = mnew == -CUDART_INF_F ? 0.f : mnew;
         const float pv = exp2f(s - base);
-        Ps[row * PP + lane] = mla_attn::to_bf16_bits(pv);
+        Ps[row * PP + lane] = F16 ? __half_as_ushort(__float2half_rn(pv)) : mla_attn::to_bf16_bits(pv);
         const float alpha = m_run[rr] == -CUDART_INF_F ? 0.f : exp2f(m_run[rr] - mnew);
         l_run[rr] = l_run[rr] * alpha + warp_sum(pv);
         m_run[rr] = mnew;
@@ -421,8 +491,13 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
       for (int np = 0; np < DV / NW / 16; np++) {
         uint32_t vb[4];
         mla::ldmatrix_x4_trans(vb, va + np * 32);
-        mla::mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
-        mla::mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
+        if constexpr (F16) {
+          mla::mma_f16_16816(o[2 * np], pa, vb[0], vb[1]);
+          mla::mma_f16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
+        } else {
+          mla::mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
+          mla::mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
+        }
       }
     }
     if (tid < BN) tok_page[st * BN + tid] = pf_page, tok_off[st * BN + tid] = pf_off;
@@ -446,6 +521,7 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
       const float lse_nat = (m_fin[row] + log2f(l)) * 0.69314718055994531f;
       f *= 1.0f / (1.0f + expf(__ldg(p.sink + h) - lse_nat));
     }
+    f *= oscale;
 #pragma unroll
     for (int nt = 0; nt < DV / NW / 8; nt++) {
       const int col = warp * (DV / NW) + nt * 8 + 2 * t4;
