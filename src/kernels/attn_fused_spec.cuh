@@ -21,7 +21,10 @@
 //      rescale factors to shared memory;
 //   4. O = alpha O + P V, each warp 64 output dims.
 // Semantics are the generic kernel's: same dequantization (fp32 product
-// rounded once to bf16), P rounded to bf16 before P V, same outputs.
+// rounded once to bf16), P rounded to bf16 before P V, same outputs; except
+// on layouts whose K is e4m3 under one tensor scale (unscaled_f16): there the
+// codes themselves are multiplied as f16 (exact), Q (scaled by 2^-k) and P
+// are f16, and the scale is applied to the scores and to O.
 #ifndef MLA_ATTN_FUSED_SPEC_CUH
 #define MLA_ATTN_FUSED_SPEC_CUH
 
