@@ -228,29 +228,40 @@ describe("specialized KV gathers vs generic vs CPU #gpu", function()
     end
   end)
 
-  it("topk_paged over a 3000-column block table (i32 and i64) identical to the CPU; a column past the table raises", function()
-    rng(5000)
-    local q_lens, cols, bs = { 3, 1, 4 }, 3000, 16
+  -- Block-table rows of random pages below pmax, and per query token a top-k row of
+  -- positions below cols * bs (a share `holes` of them -1).
+  local function paged_inputs(q_lens, cols, bs, width, holes, pmax)
     local bt = {}
-    for r = 1, 3 do
+    for r = 1, #q_lens do
       bt[r] = {}
-      for j = 1, cols do bt[r][j] = math.random(0, 1 << 20) end
+      for j = 1, cols do bt[r][j] = math.random(0, pmax) end
     end
     local topk = {}
-    for r = 1, 3 do
+    for r = 1, #q_lens do
       for _ = 1, q_lens[r] do
         local row = {}
-        for k = 1, 700 do row[k] = math.random() < 0.1 and -1 or math.random(0, cols * bs - 1) end
+        for k = 1, width do row[k] = math.random() < holes and -1 or math.random(0, cols * bs - 1) end
         topk[#topk + 1] = row
       end
     end
+    return bt, topk
+  end
+
+  -- topk_paged on the CPU and on the GPU give the same slots and lens.
+  local function paged_same(tk, btt, bs, q_lens, what)
+    local a, la = K.topk_paged(tk, btt, bs, { q_lens = q_lens, lens = true })
+    local b, lb = K.topk_paged(tk:cuda(), btt:cuda(), bs, { q_lens = q_lens, lens = true })
+    assert.same(a:totable(), b:cpu():totable(), what)
+    assert.same(la:totable(), lb:cpu():totable(), what)
+  end
+
+  it("topk_paged over a 3000-column block table (i32 and i64) identical to the CPU; a column past the table raises", function()
+    rng(5000)
+    local q_lens, cols, bs = { 3, 1, 4 }, 3000, 16
+    local bt, topk = paged_inputs(q_lens, cols, bs, 700, 0.1, 1 << 20)
     local tk = mla.tensor(topk, "i32")
     for _, bdt in ipairs { "i32", "i64" } do
-      local btt = mla.tensor(bt, bdt)
-      local a, la = K.topk_paged(tk, btt, bs, { q_lens = q_lens, lens = true })
-      local b, lb = K.topk_paged(tk:cuda(), btt:cuda(), bs, { q_lens = q_lens, lens = true })
-      assert.same(a:totable(), b:cpu():totable())
-      assert.same(la:totable(), lb:cpu():totable())
+      paged_same(tk, mla.tensor(bt, bdt), bs, q_lens, bdt)
       local past = 0
       for _, row in ipairs(topk) do for _, x in ipairs(row) do if x >= 2048 * bs then past = past + 1 end end end
       assert.is_true(past > 100) -- lookups far into the table
@@ -263,38 +274,17 @@ describe("specialized KV gathers vs generic vs CPU #gpu", function()
   it("topk_paged table staging: 16-byte rows, rows at a 4-byte offset, a column-strided table, bad page ids", function()
     rng(5100)
     local q_lens, cols, bs = { 2, 3 }, 1024, 64
-    local function table_of(n)
-      local bt = {}
-      for r = 1, 2 do
-        bt[r] = {}
-        for j = 1, n do bt[r][j] = math.random(0, 1 << 24) end
-      end
-      return bt
-    end
-    local topk = {}
-    for r = 1, 2 do
-      for _ = 1, q_lens[r] do
-        local row = {}
-        for k = 1, 2048 do row[k] = math.random() < 0.05 and -1 or math.random(0, cols * bs - 1) end
-        topk[#topk + 1] = row
-      end
-    end
+    local bt, topk = paged_inputs(q_lens, cols + 1, bs, 2048, 0.05, 1 << 24)
+    for _, row in ipairs(topk) do for k, x in ipairs(row) do if x >= cols * bs then row[k] = x - bs end end end
     local tk = mla.tensor(topk, "i32")
-    local function same(btt, what)
-      local a, la = K.topk_paged(tk, btt, bs, { q_lens = q_lens, lens = true })
-      local b, lb = K.topk_paged(tk:cuda(), btt:cuda(), bs, { q_lens = q_lens, lens = true })
-      assert.same(a:totable(), b:cpu():totable(), what)
-      assert.same(la:totable(), lb:cpu():totable(), what)
-    end
-    local bt = table_of(cols + 1)
-    same(mla.tensor(table_of(cols), "i32"), "16-byte rows")
     local wide = mla.tensor(bt, "i32")
-    same(wide:narrow(1, 1, cols), "rows at a 4-byte offset") -- 4-byte cp.async
-    same(wide:narrow(1, 0, cols), "rows of 1025 columns, the first 1024 used")
-    same(mla.tensor(bt, "i32"):transpose(0, 1):contiguous():transpose(0, 1):narrow(1, 0, cols), "column-strided table")
+    paged_same(tk, wide:narrow(1, 0, cols):contiguous(), bs, q_lens, "16-byte rows")
+    paged_same(tk, wide:narrow(1, 1, cols), bs, q_lens, "rows at a 4-byte offset") -- 4-byte cp.async
+    paged_same(tk, wide:narrow(1, 0, cols), bs, q_lens, "rows of 1025 columns, the first 1024 used")
+    paged_same(tk, wide:transpose(0, 1):contiguous():transpose(0, 1):narrow(1, 0, cols), bs, q_lens, "column-strided table")
     -- page ids that are not pages (-1, past int32 / block_size): counted and raised on both devices
     for _, badv in ipairs { -1, (1 << 31) // bs } do
-      local b2 = table_of(cols)
+      local b2 = paged_inputs({ 1, 1 }, 16, bs, 1, 0, 1 << 10)
       b2[2][7] = badv
       local tkb = mla.tensor({ { 6 * bs + 3, 5 }, { 6 * bs + 1, 5 } }, "i32")
       local btb = mla.tensor(b2, "i32")
