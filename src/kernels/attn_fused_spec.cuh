@@ -237,21 +237,9 @@ struct slot {
   int q, kind, src, ssrc, is_v;
 };
 
-// 8 e4m3 codes as f16 (exact), two per conversion.
-__device__ __forceinline__ uint4 e4m3x8_f16(uint2 raw) {
-  uint32_t o[4];
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const uint32_t w = i < 2 ? raw.x : raw.y;
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((i & 1) ? w >> 16 : w & 0xffffu), __NV_E4M3);
-    o[i] = (uint32_t)h.x | (uint32_t)h.y << 16;
-  }
-  return make_uint4(o[0], o[1], o[2], o[3]);
-}
-
 template <int KIND, bool F16>
 __device__ __forceinline__ uint4 convert(const unsigned char *row, const slot &s, float tscale) {
-  if constexpr (F16) return e4m3x8_f16(*reinterpret_cast<const uint2 *>(row + s.src));
+  if constexpr (F16) return mla::e4m3x8_f16(*reinterpret_cast<const uint2 *>(row + s.src));
   else if constexpr (KIND == SK_COPY) return *reinterpret_cast<const uint4 *>(row + s.src);
   else {
     float sc = 1.0f;
@@ -272,13 +260,8 @@ __device__ __forceinline__ void run_slot(const unsigned char *rows, unsigned cha
   for (int nt = 0; nt < 4; nt++) {
     const uint4 kv = convert<KIND, F16>(rows + nt * 8 * PITCH, s, tscale);
     if (s.is_v) *reinterpret_cast<uint4 *>(vrow + nt * 8 * VP * 2) = kv;
-    if constexpr (F16) {
-      mla::mma_f16_16816(acc[nt], qa, kv.x, kv.y);
-      mla::mma_f16_16816(acc[nt], qb, kv.z, kv.w);
-    } else {
-      mla::mma_bf16_16816(acc[nt], qa, kv.x, kv.y);
-      mla::mma_bf16_16816(acc[nt], qb, kv.z, kv.w);
-    }
+    mla::mma_16816<F16>(acc[nt], qa, kv.x, kv.y);
+    mla::mma_16816<F16>(acc[nt], qb, kv.z, kv.w);
   }
 }
 
@@ -494,13 +477,8 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_spec_kernel(const __grid_co
       for (int np = 0; np < DV / NW / 16; np++) {
         uint32_t vb[4];
         mla::ldmatrix_x4_trans(vb, va + np * 32);
-        if constexpr (F16) {
-          mla::mma_f16_16816(o[2 * np], pa, vb[0], vb[1]);
-          mla::mma_f16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
-        } else {
-          mla::mma_bf16_16816(o[2 * np], pa, vb[0], vb[1]);
-          mla::mma_bf16_16816(o[2 * np + 1], pa, vb[2], vb[3]);
-        }
+        mla::mma_16816<F16>(o[2 * np], pa, vb[0], vb[1]);
+        mla::mma_16816<F16>(o[2 * np + 1], pa, vb[2], vb[3]);
       }
     }
     if (tid < BN) tok_page[st * BN + tid] = pf_page, tok_off[st * BN + tid] = pf_off;

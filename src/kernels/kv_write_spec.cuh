@@ -232,10 +232,20 @@ __device__ __forceinline__ void divide8_group(const mla::divisor &v, uint4 w, fl
 }
 
 // The divisor of a group scale: the quotient code's (s, 1 / s) for fast e2m1
-// fields, mla::divide8's otherwise.
+// fields, mla::divide8's otherwise. A scale computed by one lane reaches the
+// others through shared_divisor: s and the reciprocal the owner computed once
+// (owner_rcp), or s alone, the divisor then made by each lane.
 template <bool FAST> __device__ __forceinline__ mla::divisor group_divisor(float dec) {
   if constexpr (FAST) return mla::divisor{dec, __frcp_rn(dec), 3};
   else return mla::make_divisor(dec);
+}
+template <bool FAST> __device__ __forceinline__ float owner_rcp(float dec) {
+  if constexpr (FAST) return __frcp_rn(dec);
+  else return 0.0f;
+}
+template <bool FAST> __device__ __forceinline__ mla::divisor shared_divisor(float dec, float rc, int src) {
+  if constexpr (FAST) return mla::divisor{__shfl_sync(0xffffffffu, dec, src), __shfl_sync(0xffffffffu, rc, src), 3};
+  else return mla::make_divisor(__shfl_sync(0xffffffffu, dec, src));
 }
 
 // mla_group_scale_value for field F of L, the division by qmax through qdiv.
@@ -494,15 +504,10 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
           const uint32_t code = mla_encode_scale(sd, group_scale<L, f>(a, qdiv[f]), &dec);
           constexpr int sreg = fld_sregion<L>(f), so = fld_soff<L>(f), ss = scale_bytes_of(sd);
           if (live && k < NI) store_scale<sd>(row[sreg] + so + k * ss, code);
-          [[maybe_unused]] const float rc = fast_e2m1<L>(f) ? __frcp_rn(dec) : 0.0f;
+          const float rc = owner_rcp<fast_e2m1<L>(f)>(dec);
           static_for<P>([&](auto jj) {
             constexpr int j = decltype(jj)::value;
-            if constexpr (r * P + j < NI) {
-              if constexpr (fast_e2m1<L>(f))
-                idiv[r * P + j] = mla::divisor{__shfl_sync(0xffffffffu, dec, lbase + j), __shfl_sync(0xffffffffu, rc, lbase + j), 3};
-              else
-                idiv[r * P + j] = mla::make_divisor(__shfl_sync(0xffffffffu, dec, lbase + j));
-            }
+            if constexpr (r * P + j < NI) idiv[r * P + j] = shared_divisor<fast_e2m1<L>(f)>(dec, rc, lbase + j);
           });
         });
       }
@@ -529,18 +534,11 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
             const int g = (P * (i + r) - lo8) / gn + sub / gn;
             if (live) store_scale<sd>(row[sreg] + so + g * ss, code);
             const int src = lane & ~(gn - 1);
-            if constexpr (fast_e2m1<L>(f)) { // 1 / s once per lane, passed along with s
-              const float rc = __frcp_rn(dec);
-              static_for<gn>([&](auto jj) {
-                constexpr int j = decltype(jj)::value;
-                sdiv[i + j] = mla::divisor{__shfl_sync(0xffffffffu, dec, src + j), __shfl_sync(0xffffffffu, rc, src + j), 3};
-              });
-            } else {
-              static_for<gn>([&](auto jj) {
-                constexpr int j = decltype(jj)::value;
-                sdiv[i + j] = mla::make_divisor(__shfl_sync(0xffffffffu, dec, src + j));
-              });
-            }
+            const float rc = owner_rcp<fast_e2m1<L>(f)>(dec);
+            static_for<gn>([&](auto jj) {
+              constexpr int j = decltype(jj)::value;
+              sdiv[i + j] = shared_divisor<fast_e2m1<L>(f)>(dec, rc, src + j);
+            });
           }
         }
       });

@@ -46,6 +46,13 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const uint32_t (&a
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* d += a * b, f16 inputs when F16, else bf16 */
+template <bool F16>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (F16) mma_f16_16816(d, a, b0, b1);
+  else mma_bf16_16816(d, a, b0, b1);
+}
+
 /* Asynchronous global -> shared copies of 16, 8 or 4 bytes; src_bytes = 0
  * fills the destination with zeros without reading (src must still be a
  * valid address). */
