@@ -620,3 +620,88 @@ describe("attention baked specialized kernels", function()
     end
   end)
 end)
+
+-- The Hopper kernel (src/kernels/attn_decode_wg.cuh, wgmma) serves tiles of 64 query rows (more than 32
+-- rows per problem) on compute capability 9.0 when the binary carries sm_90a code; specialize = false
+-- forces the generic mma.sync kernel. Both must match the reference on every layout, dense and sparse,
+-- with one split and through the combine; partial row chunks (48, 96 rows), the causal mask across
+-- queries, odd page sizes, strided q, padded and cross-layer views all go through it.
+describe("attention baked wgmma kernel (64-row tiles)", function()
+  S.on_device("cuda", before_each, after_each)
+  local WG = mla.device_props(0).arch == "sm_90" and "wgmma" or "generic"
+
+  local function both(case, opts, preset)
+    for _, spec in ipairs { true, false } do
+      local o = {}
+      for k, v in pairs(opts) do o[k] = v end
+      o.specialize = spec
+      local out, lse, plan = run(case, "baked", o)
+      local expect = spec and WG or "generic"
+      assert.equal(expect, plan.variant)
+      assert.equal(expect, mla.attention.last_variant())
+      assert.equal(64, plan.rows_per_cta)
+      local ro = {}
+      for k, v in pairs(opts) do ro[k] = v end
+      ro.splits = nil
+      if ro.sink then ro.sink = ro.sink:to("cpu") end
+      against_ref(case, ro, out, lse, preset)
+    end
+  end
+
+  it("dense decode, 128 heads, on every MLA layout, one split and the combine #gpu", function()
+    for k, name in ipairs(MLA_LAYOUTS) do
+      mla.manual_seed(900 + k)
+      local case = C.dense { layout = name, b = 3, s_q = 1, h_q = 128, lens = { 300, 0, 1100 }, tensor_scale = 0.5 }
+      for _, splits in ipairs { 1, 3 } do both(case, { splits = splits }, DENSE_OUT) end
+      local _, lse = run(case, "baked")
+      assert.equal(math.huge, lse:to("cpu"):get({ 1, 77, 0 })) -- the zero-length request
+    end
+  end)
+
+  it("sparse decode (-1 holes, an all -1 row, topk_len, sink) with 64 and 48 heads on every layout #gpu", function()
+    for k, name in ipairs(MLA_LAYOUTS) do
+      mla.manual_seed(920 + k)
+      local h_q = k % 2 == 1 and 64 or 48 -- 48 heads: a partial 64-row tile
+      local case = C.sparse { layout = name, b = 3, s_q = 2, h_q = h_q, topk = 320, pool = 900, invalid = 0.2,
+        empty_rows = { { 1, 1 } }, topk_len = { 320, 77, 200 }, block_size = 64, tensor_scale = 0.25 }
+      local sink = mla.randn({ h_q }, { device = "cuda" })
+      for _, splits in ipairs { 1, 2 } do
+        both(case, { scale = case.layout.k_dims ^ -0.55, sink = sink, splits = splits }, SPARSE_OUT)
+      end
+      local _, lse = run(case, "baked", { scale = case.layout.k_dims ^ -0.55 })
+      assert.equal(math.huge, lse:to("cpu"):get({ 1, 0, 1 }))
+    end
+  end)
+
+  it("causal MTP over 96 rows per request (s_q 3 x h_q 32), odd page sizes, strided q #gpu", function()
+    for k, c in ipairs { { "bf16", 33 }, { "fp8_ds_mla", 16 }, { "fp8_v4", 64 }, { "fp8_pertensor", 48 } } do
+      mla.manual_seed(940 + k)
+      local case = C.dense { layout = c[1], b = 3, s_q = 3, h_q = 32, lens = { 700, 2, 129 }, block_size = c[2],
+        q_pad = true, tensor_scale = 2.0 }
+      assert.is_false(case.q:is_contiguous())
+      both(case, {}, DENSE_OUT)
+      local _, lse = run(case, "baked")
+      assert.equal(math.huge, lse:to("cpu"):get({ 1, 5, 0 })) -- s_k = 2: the first query sees nothing
+    end
+  end)
+
+  it("a padded view and a layer of a block-major cross-layer cache (NaN neighbours) #gpu", function()
+    for k, name in ipairs { "bf16", "fp8_ds_mla", "fp8_v4" } do
+      mla.manual_seed(960 + k)
+      local padded = C.dense { layout = name, b = 2, s_q = 1, h_q = 64, lens = { 900, 260 }, page_pad = 656 }
+      both(padded, {}, DENSE_OUT)
+      local cross = C.dense { layout = name, b = 2, s_q = 1, h_q = 128, lens = { 700, 260 }, num_layers = 3, layer = 1,
+        order = "block_major" }
+      assert.is_false(cross.view.pages:is_contiguous())
+      both(cross, {}, DENSE_OUT)
+    end
+  end)
+
+  it("a peaked softmax (q std 10) on bf16 and fp8_ds_mla, dense and sparse #gpu", function()
+    for k, name in ipairs { "bf16", "fp8_ds_mla" } do
+      mla.manual_seed(980 + k)
+      both(C.dense { layout = name, b = 2, s_q = 1, h_q = 128, lens = { 1500, 80 }, q_std = 10 }, {}, DENSE_OUT)
+      both(C.sparse { layout = name, b = 2, s_q = 1, h_q = 64, topk = 512, pool = 1200, q_std = 10 }, {}, SPARSE_OUT)
+    end
+  end)
+end)

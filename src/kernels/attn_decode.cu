@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "attn_decode_kernel.cuh"
+#include "attn_decode_wg.cuh"
 #include "attn_fused_spec.cuh"
 #include "device.h"
 #include "mla/layout_match.h"
@@ -104,6 +105,21 @@ int spec_stages_within(int dqk, int pitch, int64_t budget) {
   return 0;
 }
 
+// The wgmma kernel (attn_decode_wg.cuh) serves 64-row tiles on compute
+// capability 9.0 when this binary carries sm_90a code (MLALAB_HAVE_SM90A,
+// set by CMake from the architecture list) and its shared memory fits.
+int wg_smem(int dqk, int identity, int pitch) {
+  return dqk == 576 ? wg::make_smem_plan<576>(identity, pitch).total : wg::make_smem_plan<512>(identity, pitch).total;
+}
+bool wg_available(const mla_device_props &props) {
+#ifdef MLALAB_HAVE_SM90A
+  return props.major == 9 && props.minor == 0;
+#else
+  (void)props;
+  return false;
+#endif
+}
+
 const char *last_variant = "none";
 
 } // namespace
@@ -167,15 +183,19 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   int per_sm = 0;
   cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
   const spec_variant *sv = specialize && mr == 16 && !p.identity ? find_variant(*d, p) : nullptr;
-  int ctas_per_sm = mr <= 32 ? 2 : 1, nst = 0, smem = 0;
+  const bool wgk = specialize && mr == 64 && wg_available(props) && wg_smem(dqk, p.identity, p.stage_pitch) <= props.max_smem_optin;
+  int ctas_per_sm = mr <= 32 ? 2 : 1, nst = 0, smem = 0, tile = BN;
   const void *fn = nullptr;
-  if (sv) {
+  if (wgk) {
+    nst = p.identity ? 2 : 1, smem = wg_smem(dqk, p.identity, p.stage_pitch), tile = wg::BN;
+    fn = dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576> : (const void *)wg::attn_decode_wg_kernel<512>;
+  } else if (sv) {
     nst = spec_stages_within(dqk, p.stage_pitch, per_sm / 2 - 1024);
     if (!nst) ctas_per_sm = 1, nst = spec_stages_within(dqk, p.stage_pitch, props.max_smem_optin);
     if (nst) smem = mla_attn_spec::make_spec_smem(dqk, p.stage_pitch, nst).total, fn = sv->fn;
     else sv = nullptr, ctas_per_sm = 2; // cannot happen on sm_80+; the generic path decides
   }
-  if (!sv) {
+  if (!sv && !wgk) {
     nst = ctas_per_sm == 2 ? stages_within(mr, dqk, p.identity, p.stage_pitch, per_sm / 2 - 1024) : 0;
     if (!nst) ctas_per_sm = 1, nst = stages_within(mr, dqk, p.identity, p.stage_pitch, props.max_smem_optin);
     if (!nst)
@@ -191,7 +211,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
 
   const int64_t ctas = row_chunks * problems;
   if (ctas > 0x7fffffff) return mla_err("attn_decode: %lld CTAs per split exceed the grid", (long long)ctas);
-  const int64_t max_tiles = (max_keys + BN - 1) / BN;
+  const int64_t max_tiles = (max_keys + tile - 1) / tile;
   int ns = splits > 0 ? splits : mla_attn_num_splits(props.sm_count, ctas_per_sm, ctas, max_tiles);
   if (ns > 65535) ns = 65535;
   p.nsplits = ns;
@@ -208,11 +228,12 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   p.out = (uint16_t *)out, p.lse = lse;
 
   dim3 grid((unsigned)ctas, (unsigned)ns);
-  const int nt = sv ? mla_attn_spec::NT : threads_for(mr);
+  const int nt = wgk ? wg::NT : sv ? mla_attn_spec::NT : threads_for(mr);
+  const char *variant = wgk ? "wgmma" : sv ? sv->name : "generic";
   void *args[] = {&p};
   cudaError_t e = cudaLaunchKernel(fn, grid, dim3(nt), args, (size_t)smem, stream);
   int rc = e != cudaSuccess ? mla_cuda_check(e, "launch of kernel attn_decode") : mla_launch_check(dev, "attn_decode");
-  last_variant = sv ? sv->name : "generic";
+  last_variant = variant;
   if (!rc && ns > 1) {
     combine_params c;
     c.o_acc = p.o_acc, c.lse_acc = p.lse_acc, c.nsplits = ns, c.rows = (int)rows, c.problems = (int)problems;
@@ -224,7 +245,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   if (plan) {
     plan->splits = ns, plan->rows_per_cta = mr, plan->ctas = (int)(ctas * ns), plan->stages = nst;
     plan->ctas_per_sm = ctas_per_sm, plan->identity = p.identity, plan->smem = smem;
-    plan->variant = sv ? sv->name : "generic";
+    plan->variant = variant;
   }
   return rc;
 }

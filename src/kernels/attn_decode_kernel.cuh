@@ -37,9 +37,10 @@ template <int MR> struct shape {
 
 // Page and in-page offset of key n of tile `tile`; page -1 when there is no key
 // (past the end, -1 index, page or slot outside the cache). Keys of one
-// problem count in int32 (lengths, top-k and block tables are int32).
+// problem count in int32 (lengths, top-k and block tables are int32). TB: keys per tile.
+template <int TB = BN>
 __device__ __forceinline__ void token_of(const params &p, int r, int qi, int nkeys, int tile, int n, int &page, int &off) {
-  const int k = tile * BN + n;
+  const int k = tile * TB + n;
   const int bs = p.d.block_size;
   page = -1, off = 0;
   if (k >= nkeys) return;
@@ -167,7 +168,7 @@ struct cta_work {
   int64_t part; // first partial row of this split
 };
 
-template <int MR> __device__ __forceinline__ cta_work cta_work_of(const params &p) {
+template <int MR, int TB = BN> __device__ __forceinline__ cta_work cta_work_of(const params &p) {
   cta_work w;
   w.prob = blockIdx.x / p.row_chunks, w.split = blockIdx.y, w.row0 = (blockIdx.x - w.prob * p.row_chunks) * MR;
   w.nrows = min(MR, p.rows - w.row0);
@@ -183,7 +184,7 @@ template <int MR> __device__ __forceinline__ cta_work cta_work_of(const params &
   } else {
     w.nkeys = p.topk_len ? min(max(__ldg(p.topk_len + w.r), 0), p.topk) : p.topk;
   }
-  const int ntiles = (w.nkeys + BN - 1) / BN, per = (ntiles + p.nsplits - 1) / p.nsplits;
+  const int ntiles = (w.nkeys + TB - 1) / TB, per = (ntiles + p.nsplits - 1) / p.nsplits;
   w.t_begin = min(w.split * per, ntiles), w.t_end = min(w.t_begin + per, ntiles);
   w.part = ((int64_t)w.prob * p.nsplits + w.split) * p.rows;
   return w;
