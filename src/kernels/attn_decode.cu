@@ -108,8 +108,14 @@ int spec_stages_within(int dqk, int pitch, int64_t budget) {
 // The wgmma kernel (attn_decode_wg.cuh) serves 64-row tiles on compute
 // capability 9.0 when this binary carries sm_90a code (MLALAB_HAVE_SM90A,
 // set by CMake from the architecture list) and its shared memory fits.
+// Plain bf16 tiles run the warp-specialized variant, the others dequantize in the CTA.
 int wg_smem(int dqk, int identity, int pitch) {
+  if (identity) return dqk == 576 ? wg::make_ws_plan<576>().total : wg::make_ws_plan<512>().total;
   return dqk == 576 ? wg::make_smem_plan<576>(identity, pitch).total : wg::make_smem_plan<512>(identity, pitch).total;
+}
+const void *wg_kernel(int dqk, int identity) {
+  if (identity) return dqk == 576 ? (const void *)wg::attn_decode_wg_ws_kernel<576> : (const void *)wg::attn_decode_wg_ws_kernel<512>;
+  return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576> : (const void *)wg::attn_decode_wg_kernel<512>;
 }
 bool wg_available(const mla_device_props &props) {
 #ifdef MLALAB_HAVE_SM90A
@@ -188,7 +194,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   const void *fn = nullptr;
   if (wgk) {
     nst = p.identity ? 2 : 1, smem = wg_smem(dqk, p.identity, p.stage_pitch), tile = wg::BN;
-    fn = dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576> : (const void *)wg::attn_decode_wg_kernel<512>;
+    fn = wg_kernel(dqk, p.identity);
   } else if (sv) {
     nst = spec_stages_within(dqk, p.stage_pitch, per_sm / 2 - 1024);
     if (!nst) ctas_per_sm = 1, nst = spec_stages_within(dqk, p.stage_pitch, props.max_smem_optin);

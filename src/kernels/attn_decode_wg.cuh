@@ -275,6 +275,243 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
 #endif
 }
 
+// Plain bf16 rows (identity tiles): the two warpgroups specialize, so the
+// tensor cores always have work queued. Warpgroup 0 runs S = Q K^T over all
+// 64 keys (m64n64k16), the softmax, and P V for value dims 0..255 with P from
+// its registers; warpgroup 1 loads the K tiles (two in flight) and runs P V
+// for dims 256..511 from P in shared memory, overlapping warpgroup 0's next S.
+// Named barriers hand over the tiles and P (ids below; 0 is __syncthreads).
+enum : int { BAR_FULL0 = 1, BAR_FULL1, BAR_EMPTY0, BAR_EMPTY1, BAR_P_FULL, BAR_P_EMPTY };
+
+struct ws_plan {
+  int q, k, p, alpha, fin, tok_ok, total;
+};
+template <int DQK> __host__ __device__ constexpr ws_plan make_ws_plan() {
+  ws_plan s{};
+  int o = 0;
+  s.q = o, o += DQK / 64 * BLK;
+  s.k = o, o += 2 * (DQK / 64) * BLK;
+  s.p = o, o += BLK;
+  s.alpha = o, o += MR * 4;
+  s.fin = o, o += MR * 4;
+  s.tok_ok = o, o += 2 * BN * 4;
+  s.total = o + 1024;
+  return s;
+}
+
+template <int DQK>
+__global__ void __launch_bounds__(NT, 1) attn_decode_wg_ws_kernel(const __grid_constant__ params p) {
+#if MLA_HAVE_WGMMA
+  constexpr int NCH = DQK / 8, TILE = (DQK / 64) * BLK;
+  extern __shared__ __align__(16) unsigned char smem_window[];
+  unsigned char *smem = smem_window + ((1024 - (mla::smem_addr(smem_window) & 1023)) & 1023);
+  constexpr ws_plan L = make_ws_plan<DQK>();
+  unsigned char *Qs = smem + L.q, *Kbase = smem + L.k, *Ps = smem + L.p;
+  float *alpha_s = reinterpret_cast<float *>(smem + L.alpha);
+  float *fin_s = reinterpret_cast<float *>(smem + L.fin);
+  int *tok_ok = reinterpret_cast<int *>(smem + L.tok_ok);
+
+  const int tid = threadIdx.x, wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  const cta_work w = cta_work_of<MR, BN>(p);
+  if (w.t_begin >= w.t_end) return write_empty_split<NT>(p, w, tid);
+  const int r = w.r, qi = w.qi, nkeys = w.nkeys, niter = w.t_end - w.t_begin;
+
+  // Prologue (both warpgroups): Q rows (zero past nrows) and the first tile.
+  for (int idx = tid; idx < MR * NCH; idx += NT) {
+    const int row = idx / NCH, c = idx - row * NCH;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (row < w.nrows) {
+      int i, h;
+      row_coords(p, qi, w.row0 + row, i, h);
+      val = load_q8(p, r, i, h, c);
+    }
+    *reinterpret_cast<uint4 *>(Qs + mla::sw128_off(MR, row, c)) = val;
+  }
+  {
+    const int n = tid / TPK, j = tid - n * TPK;
+    int page, off;
+    token_of<BN>(p, r, qi, nkeys, w.t_begin, n, page, off);
+    issue_key<DQK>(p, Kbase, nullptr, n, j, page, off);
+    if (j == 0) tok_ok[n] = page >= 0;
+    mla::cp_async_commit();
+    mla::cp_async_wait<0>();
+  }
+  mla::fence_proxy_async();
+  __syncthreads();
+
+  const int rA = warp * 16 + g, rB = rA + 8;
+  float o[128];
+#pragma unroll
+  for (int e = 0; e < 128; e++) o[e] = 0.f;
+
+  if (wgi == 0) {
+    int lim[2] = {0x7fffffff, 0x7fffffff};
+    if (!p.sparse && p.causal && p.s_q > 1) {
+      lim[0] = w.s_k - p.s_q + (w.row0 + rA) / p.h_q;
+      lim[1] = w.s_k - p.s_q + (w.row0 + rB) / p.h_q;
+    }
+    float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, l_run[2] = {0.f, 0.f};
+    const uint32_t q_addr = mla::smem_addr(Qs);
+    for (int u = 0; u < niter; u++) {
+      const int t = w.t_begin + u, b = u & 1;
+      if (u > 0) mla::bar_sync(BAR_FULL0 + b, NT);
+      const uint32_t k_addr = mla::smem_addr(Kbase + b * TILE);
+      float s[32];
+#pragma unroll
+      for (int e = 0; e < 32; e++) s[e] = 0.f;
+      mla::fence_regs(s);
+      mla::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < DQK / 16; kk++) {
+        const uint32_t off = (kk >> 2) * BLK + (kk & 3) * 32;
+        mla::wgmma_m64n64k16_bf16(s, mla::wgmma_desc(q_addr + off, 16, 1024), mla::wgmma_desc(k_addr + off, 16, 1024), 1);
+      }
+      mla::wgmma_commit();
+      mla::wgmma_wait<0>();
+      mla::fence_regs(s);
+
+      // mask, scale; the quad holds whole rows
+      const int *ok_t = tok_ok + b * BN;
+      float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
+#pragma unroll
+      for (int e = 0; e < 32; e++) {
+        const int col = (e >> 2) * 8 + 2 * t4 + (e & 1), hh = (e >> 1) & 1;
+        const bool ok = ok_t[col] && t * BN + col <= lim[hh];
+        s[e] = ok ? s[e] * p.scale_log2 : -CUDART_INF_F;
+        mx[hh] = fmaxf(mx[hh], s[e]);
+      }
+      float alpha[2], base[2];
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) {
+        const float m = fmaxf(m_run[hh], quad_max(mx[hh]));
+        alpha[hh] = m_run[hh] == -CUDART_INF_F ? 0.f : exp2f(m_run[hh] - m);
+        base[hh] = m == -CUDART_INF_F ? 0.f : m;
+        m_run[hh] = m;
+      }
+      uint32_t pf[16]; // P as bf16 pairs: pf[2j + hh] = row hh, keys 8j + 2t4..
+      float ps[2] = {0.f, 0.f};
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+          const float p0 = exp2f(s[4 * j + 2 * hh] - base[hh]), p1 = exp2f(s[4 * j + 2 * hh + 1] - base[hh]);
+          ps[hh] += p0 + p1;
+          pf[2 * j + hh] = mla::pack_bf16x2(p0, p1);
+        }
+      l_run[0] = l_run[0] * alpha[0] + ps[0], l_run[1] = l_run[1] * alpha[1] + ps[1];
+
+      // hand P and alpha to warpgroup 1 once it is done with the previous ones
+      if (u > 0) mla::bar_sync(BAR_P_EMPTY, NT);
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++)
+          *reinterpret_cast<uint32_t *>(Ps + mla::sw128_off(MR, hh ? rB : rA, j) + 4 * t4) = pf[2 * j + hh];
+      if (t4 == 0) alpha_s[rA] = alpha[0], alpha_s[rB] = alpha[1];
+      mla::fence_proxy_async();
+      mla::bar_arrive(BAR_P_FULL, NT);
+
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+        for (int e = 0; e < 128; e++) o[e] *= alpha[(e >> 1) & 1];
+      }
+      mla::fence_regs(o);
+      mla::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) {
+        // A fragment of keys 16kk..: (g, 2t4..), (g+8, 2t4..), (g, 2t4+8..), (g+8, 2t4+8..)
+        const uint32_t a[4] = {pf[4 * kk], pf[4 * kk + 1], pf[4 * kk + 2], pf[4 * kk + 3]};
+        mla::wgmma_m64n256k16_bf16_rs_tb(o, a, mla::wgmma_desc(k_addr + kk * 16 * 128, BLK, 1024), 1);
+      }
+      mla::wgmma_commit();
+      mla::wgmma_wait<0>();
+      mla::fence_regs(o);
+      if (t + 2 < w.t_end) mla::bar_arrive(BAR_EMPTY0 + b, NT); // buffer b may take tile t + 2
+    }
+    // row sums, the normalization (and sink) factor for both halves, the LSE
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const int row = hh ? rB : rA;
+      const float l = quad_sum(l_run[hh]);
+      const float lse2 = l > 0.f ? m_run[hh] + log2f(l) : -CUDART_INF_F;
+      float f = l > 0.f ? 1.0f / l : 0.f;
+      int i, h;
+      row_coords(p, qi, w.row0 + row, i, h);
+      if (p.nsplits == 1 && p.sink && l > 0.f && row < w.nrows)
+        f *= 1.0f / (1.0f + expf(__ldg(p.sink + h) - lse2 * 0.69314718055994531f));
+      if (t4 == 0) fin_s[row] = f;
+      if (t4 == 0 && row < w.nrows) {
+        if (p.nsplits > 1) p.lse_acc[w.part + w.row0 + row] = lse2;
+        else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = l > 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
+      }
+    }
+  } else {
+    const int lt = tid - 128, kn = lt >> 1, kj = lt & 1; // loader: key row kn, half kj
+    int nx_page, nx_off;
+    token_of<BN>(p, r, qi, nkeys, w.t_begin + 1, kn, nx_page, nx_off);
+    const uint32_t p_addr = mla::smem_addr(Ps);
+    for (int u = 0; u < niter; u++) {
+      const int t = w.t_begin + u, b = u & 1, nb = b ^ 1;
+      if (t + 1 < w.t_end) {
+        if (u > 0) mla::bar_sync(BAR_EMPTY0 + nb, NT);
+        const unsigned char *base = p.v.base;
+        const bool ok = nx_page >= 0;
+        const unsigned char *row = ok ? base + (int64_t)nx_page * p.v.page_stride + p.d.region_off[0] +
+                                            (int64_t)nx_off * p.v.token_stride + p.id_off
+                                      : base;
+        unsigned char *kt = Kbase + nb * TILE;
+#pragma unroll 6
+        for (int c = kj; c < NCH; c += 2)
+          mla::cp_async16(mla::smem_addr(kt + mla::sw128_off(BN, kn, c)), ok ? row + c * 16 : base, ok ? 16 : 0);
+        mla::cp_async_commit();
+        if (kj == 0) tok_ok[nb * BN + kn] = ok;
+        token_of<BN>(p, r, qi, nkeys, t + 2, kn, nx_page, nx_off);
+      }
+      mla::bar_sync(BAR_P_FULL, NT);
+      const float al[2] = {alpha_s[rA], alpha_s[rB]};
+      if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) {
+#pragma unroll
+        for (int e = 0; e < 128; e++) o[e] *= al[(e >> 1) & 1];
+      }
+      const uint32_t v_addr = mla::smem_addr(Kbase + b * TILE) + 4 * BLK;
+      mla::fence_regs(o);
+      mla::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++)
+        mla::wgmma_m64n256k16_bf16_tb(o, mla::wgmma_desc(p_addr + kk * 32, 16, 1024),
+                                      mla::wgmma_desc(v_addr + kk * 16 * 128, BLK, 1024), 1);
+      mla::wgmma_commit();
+      if (t + 1 < w.t_end) {
+        mla::cp_async_wait<0>();
+        mla::fence_proxy_async();
+        mla::bar_arrive(BAR_FULL0 + nb, NT);
+      }
+      mla::wgmma_wait<0>();
+      mla::fence_regs(o);
+      if (u + 1 < niter) mla::bar_arrive(BAR_P_EMPTY, NT);
+    }
+  }
+  __syncthreads(); // fin_s
+
+  // Epilogue: warpgroup w writes value dims 256w..
+#pragma unroll
+  for (int hh = 0; hh < 2; hh++) {
+    const int row = hh ? rB : rA;
+    if (row >= w.nrows) continue;
+    const float f = fin_s[row];
+#pragma unroll
+    for (int j = 0; j < 32; j++) {
+      const int col = wgi * 256 + j * 8 + 2 * t4;
+      const float x0 = o[4 * j + 2 * hh] * f, x1 = o[4 * j + 2 * hh + 1] * f;
+      if (p.nsplits > 1) *reinterpret_cast<float2 *>(p.o_acc + (w.part + w.row0 + row) * DV + col) = make_float2(x0, x1);
+      else *reinterpret_cast<uint32_t *>(p.out + ((int64_t)w.prob * p.rows + w.row0 + row) * DV + col) = mla::pack_bf16x2(x0, x1);
+    }
+  }
+#else
+  __trap(); // the launcher only picks this kernel where sm_90a code exists
+#endif
+}
+
 } // namespace wg
 } // namespace mla_attn
 
