@@ -108,14 +108,19 @@ int spec_stages_within(int dqk, int pitch, int64_t budget) {
 // The wgmma kernel (attn_decode_wg.cuh) serves 64-row tiles on compute
 // capability 9.0 when this binary carries sm_90a code (MLALAB_HAVE_SM90A,
 // set by CMake from the architecture list) and its shared memory fits.
-// Plain bf16 tiles run the warp-specialized variant, the others dequantize in the CTA.
-int wg_smem(int dqk, int identity, int pitch) {
-  if (identity) return dqk == 576 ? wg::make_ws_plan<576>().total : wg::make_ws_plan<512>().total;
-  return dqk == 576 ? wg::make_smem_plan<576>(identity, pitch).total : wg::make_smem_plan<512>(identity, pitch).total;
+int wg_smem(int dqk, int identity, int pitch, int nraw) {
+  return dqk == 576 ? wg::make_smem_plan<576>(identity, pitch, nraw).total : wg::make_smem_plan<512>(identity, pitch, nraw).total;
 }
 const void *wg_kernel(int dqk, int identity) {
-  if (identity) return dqk == 576 ? (const void *)wg::attn_decode_wg_ws_kernel<576> : (const void *)wg::attn_decode_wg_ws_kernel<512>;
-  return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576> : (const void *)wg::attn_decode_wg_kernel<512>;
+  if (identity) return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, 64> : (const void *)wg::attn_decode_wg_kernel<512, 64>;
+  return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, 32> : (const void *)wg::attn_decode_wg_kernel<512, 32>;
+}
+// Raw stages of the wgmma kernel for staged layouts (3, else 2); 0 if it does not fit.
+int wg_stages(int dqk, int identity, int pitch, int budget) {
+  if (identity) return wg_smem(dqk, 1, pitch, 0) <= budget ? 2 : 0;
+  for (int n = 3; n >= 2; n--)
+    if (wg_smem(dqk, 0, pitch, n) <= budget) return n;
+  return 0;
 }
 bool wg_available(const mla_device_props &props) {
 #ifdef MLALAB_HAVE_SM90A
@@ -189,11 +194,12 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   int per_sm = 0;
   cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
   const spec_variant *sv = specialize && mr == 16 && !p.identity ? find_variant(*d, p) : nullptr;
-  const bool wgk = specialize && mr == 64 && wg_available(props) && wg_smem(dqk, p.identity, p.stage_pitch) <= props.max_smem_optin;
+  const int wg_nst = specialize && mr == 64 && wg_available(props) ? wg_stages(dqk, p.identity, p.stage_pitch, props.max_smem_optin) : 0;
+  const bool wgk = wg_nst > 0;
   int ctas_per_sm = mr <= 32 ? 2 : 1, nst = 0, smem = 0, tile = BN;
   const void *fn = nullptr;
   if (wgk) {
-    nst = p.identity ? 2 : 1, smem = wg_smem(dqk, p.identity, p.stage_pitch), tile = wg::BN;
+    nst = wg_nst, smem = wg_smem(dqk, p.identity, p.stage_pitch, nst), tile = wg::tile_keys(p.identity);
     fn = wg_kernel(dqk, p.identity);
   } else if (sv) {
     nst = spec_stages_within(dqk, p.stage_pitch, per_sm / 2 - 1024);
