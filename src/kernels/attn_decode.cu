@@ -111,9 +111,15 @@ int spec_stages_within(int dqk, int pitch, int64_t budget) {
 int wg_smem(int dqk, int identity, int pitch, int nraw) {
   return dqk == 576 ? wg::make_smem_plan<576>(identity, pitch, nraw).total : wg::make_smem_plan<512>(identity, pitch, nraw).total;
 }
-const void *wg_kernel(int dqk, int identity) {
-  if (identity) return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, 64> : (const void *)wg::attn_decode_wg_kernel<512, 64>;
-  return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, 32> : (const void *)wg::attn_decode_wg_kernel<512, 32>;
+// The wgmma kernel for a launch: plain bf16 tiles, a built-in fp8 layout's
+// compiled-in dequant (descriptor equality, as find_variant), or chunk plans.
+const void *wg_kernel(const mla_layout_desc &d, int dqk, int identity) {
+  using namespace mla_attn_spec;
+  if (identity) return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, 64, void> : (const void *)wg::attn_decode_wg_kernel<512, 64, void>;
+  if (mla_layout_desc_same(&d, &spec_fp8_ds_mla::host, 1)) return (const void *)wg::attn_decode_wg_kernel<576, 32, spec_fp8_ds_mla>;
+  if (mla_layout_desc_same(&d, &spec_fp8_pertensor::host, 1)) return (const void *)wg::attn_decode_wg_kernel<576, 32, spec_fp8_pertensor>;
+  if (mla_layout_desc_same(&d, &spec_fp8_v4::host, 1)) return (const void *)wg::attn_decode_wg_kernel<512, 32, spec_fp8_v4>;
+  return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, 32, void> : (const void *)wg::attn_decode_wg_kernel<512, 32, void>;
 }
 // Raw stages of the wgmma kernel for staged layouts (3, else 2); 0 if it does not fit.
 int wg_stages(int dqk, int identity, int pitch, int budget) {
@@ -200,7 +206,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   const void *fn = nullptr;
   if (wgk) {
     nst = wg_nst, smem = wg_smem(dqk, p.identity, p.stage_pitch, nst), tile = wg::tile_keys(p.identity);
-    fn = wg_kernel(dqk, p.identity);
+    fn = wg_kernel(*d, dqk, p.identity);
   } else if (sv) {
     nst = spec_stages_within(dqk, p.stage_pitch, per_sm / 2 - 1024);
     if (!nst) ctas_per_sm = 1, nst = spec_stages_within(dqk, p.stage_pitch, props.max_smem_optin);

@@ -21,7 +21,10 @@
 #ifndef MLA_ATTN_DECODE_WG_CUH
 #define MLA_ATTN_DECODE_WG_CUH
 
+#include <type_traits>
+
 #include "attn_decode_kernel.cuh"
+#include "attn_fused_spec.cuh"
 #include "mla/wgmma.cuh"
 
 namespace mla_attn {
@@ -112,7 +115,25 @@ template <int KB> __device__ __forceinline__ void wgmma_s(float (&s)[KB / 2], ui
   else mla::wgmma_m64n32k16_bf16(s, da, db, 1);
 }
 
-template <int DQK, int KB>
+// Chunks WQ, WQ + 8, ... of one key (a raw stage row) into the swizzled K tile,
+// for a built-in layout known at compile time (attn_fused_spec.cuh): the
+// kind, data and scale offsets of every chunk are immediates.
+template <class LS, int DQK, int KB, int WQ>
+__device__ __forceinline__ void dequant_key_spec(const unsigned char *row, unsigned char *kt, int n, float tscale) {
+  using namespace mla_attn_spec;
+  static_for<DQK / 64>([&](auto ic) {
+    constexpr int c = WQ + 8 * decltype(ic)::value;
+    constexpr spec_chunk k = chunk_at(LS::host, c * 8);
+    static_assert(k.kind != SK_BAD, "spec_ok layouts only");
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if constexpr (k.kind != SK_ZERO) v = convert<k.kind, false>(row, slot{0, k.kind, k.src, k.scale_src, 0}, tscale);
+    *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, c)) = v;
+  });
+}
+
+// LS: a built-in layout's spec type whose dequant is compiled in, or void
+// (chunk plans made from the descriptor at run time).
+template <int DQK, int KB, class LS>
 __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_constant__ params p) {
 #if MLA_HAVE_WGMMA
   constexpr int NCH = DQK / 8, BLK_K = KB * 128, TILE = (DQK / 64) * BLK_K, NPASS = KB / 32; // keys per loader pass: 32
@@ -271,15 +292,33 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
     next++;
     lookup();
   };
-  // Dequantizes tile u from its raw stage into K buffer u & 1.
+  // Dequantizes tile u from its raw stage into K buffer u & 1: lane = key, and
+  // warp w of the eight takes chunks w, w + 8, ..., so every chunk plan (and
+  // its branch) is uniform across the warp.
   auto dequant_tile = [&](int u) {
-    const unsigned char *stage = raw + (u % nraw) * stage_bytes;
-    unsigned char *kt = Kbase + (u & 1) * TILE;
-    static_assert(KB * NCH % 256 == 0, "whole dequant rounds");
+    static_assert(KB == 32 || KB == 64, "one key per lane");
+    if constexpr (KB == 32) {
+      const int n = lt & 31, wq = lt >> 5;
+      const unsigned char *row = raw + (u % nraw) * stage_bytes + n * p.stage_pitch;
+      unsigned char *kt = Kbase + (u & 1) * TILE;
+      if constexpr (!std::is_void<LS>::value) {
+        switch (wq) { // warp-uniform
+        case 0: dequant_key_spec<LS, DQK, KB, 0>(row, kt, n, tscale); break;
+        case 1: dequant_key_spec<LS, DQK, KB, 1>(row, kt, n, tscale); break;
+        case 2: dequant_key_spec<LS, DQK, KB, 2>(row, kt, n, tscale); break;
+        case 3: dequant_key_spec<LS, DQK, KB, 3>(row, kt, n, tscale); break;
+        case 4: dequant_key_spec<LS, DQK, KB, 4>(row, kt, n, tscale); break;
+        case 5: dequant_key_spec<LS, DQK, KB, 5>(row, kt, n, tscale); break;
+        case 6: dequant_key_spec<LS, DQK, KB, 6>(row, kt, n, tscale); break;
+        default: dequant_key_spec<LS, DQK, KB, 7>(row, kt, n, tscale);
+        }
+      } else {
 #pragma unroll
-    for (int it = 0; it < KB * NCH / 256; it++) {
-      const int idx = it * 256 + lt, n = idx / NCH, c = idx - n * NCH;
-      *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, c)) = mla::dequant_chunk_bf16(plan[c], stage + n * p.stage_pitch, tscale);
+        for (int i = 0; i < NCH / 8; i++) {
+          const int c = wq + 8 * i;
+          *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, c)) = mla::dequant_chunk_bf16(plan[c], row, tscale);
+        }
+      }
     }
     if (lt < KB) tok_ok[(u & 1) * KB + lt] = raw_ok[(u % nraw) * KB + lt];
   };
