@@ -628,7 +628,6 @@ end)
 -- queries, odd page sizes, strided q, padded and cross-layer views all go through it.
 describe("attention baked wgmma kernel (64-row tiles)", function()
   S.on_device("cuda", before_each, after_each)
-  local WG = mla.device_props(0).arch == "sm_90" and "wgmma" or "generic"
 
   local function both(case, opts, preset)
     for _, spec in ipairs { true, false } do
@@ -636,7 +635,8 @@ describe("attention baked wgmma kernel (64-row tiles)", function()
       for k, v in pairs(opts) do o[k] = v end
       o.specialize = spec
       local out, lse, plan = run(case, "baked", o)
-      local expect = spec and WG or "generic"
+      local hopper = mla.device_props(0).arch == "sm_90" -- asked here: describe blocks also run on CPU-only CI
+      local expect = spec and hopper and "wgmma" or "generic"
       assert.equal(expect, plan.variant)
       assert.equal(expect, mla.attention.last_variant())
       assert.equal(64, plan.rows_per_cta)

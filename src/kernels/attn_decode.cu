@@ -108,8 +108,8 @@ int spec_stages_within(int dqk, int pitch, int64_t budget) {
 // The wgmma kernel (attn_decode_wg.cuh) serves 64-row tiles on compute
 // capability 9.0 when this binary carries sm_90a code (MLALAB_HAVE_SM90A,
 // set by CMake from the architecture list) and its shared memory fits.
-int wg_smem(int dqk, int identity, int pitch, int nraw) {
-  return dqk == 576 ? wg::make_smem_plan<576>(identity, pitch, nraw).total : wg::make_smem_plan<512>(identity, pitch, nraw).total;
+int wg_smem(int dqk, int identity, int pitch) {
+  return dqk == 576 ? wg::make_smem_plan<576>(identity, pitch).total : wg::make_smem_plan<512>(identity, pitch).total;
 }
 // The wgmma kernel for a launch: plain bf16 tiles, a built-in fp8 layout's
 // compiled-in dequant (descriptor equality, as find_variant), or chunk plans.
@@ -121,12 +121,9 @@ const void *wg_kernel(const mla_layout_desc &d, int dqk, int identity) {
   if (mla_layout_desc_same(&d, &spec_fp8_v4::host, 1)) return (const void *)wg::attn_decode_wg_kernel<512, 32, spec_fp8_v4>;
   return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, 32, void> : (const void *)wg::attn_decode_wg_kernel<512, 32, void>;
 }
-// Raw stages of the wgmma kernel for staged layouts (3, else 2); 0 if it does not fit.
+// K tiles in flight in the wgmma kernel (bf16 tiles, or the raw stage); 0 if it does not fit.
 int wg_stages(int dqk, int identity, int pitch, int budget) {
-  if (identity) return wg_smem(dqk, 1, pitch, 0) <= budget ? 2 : 0;
-  for (int n = 3; n >= 2; n--)
-    if (wg_smem(dqk, 0, pitch, n) <= budget) return n;
-  return 0;
+  return wg_smem(dqk, identity, pitch) <= budget ? (identity ? 2 : 1) : 0;
 }
 bool wg_available(const mla_device_props &props) {
 #ifdef MLALAB_HAVE_SM90A
@@ -205,7 +202,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   int ctas_per_sm = mr <= 32 ? 2 : 1, nst = 0, smem = 0, tile = BN;
   const void *fn = nullptr;
   if (wgk) {
-    nst = wg_nst, smem = wg_smem(dqk, p.identity, p.stage_pitch, nst), tile = wg::tile_keys(p.identity);
+    nst = wg_nst, smem = wg_smem(dqk, p.identity, p.stage_pitch), tile = wg::tile_keys(p.identity);
     fn = wg_kernel(*d, dqk, p.identity);
   } else if (sv) {
     nst = spec_stages_within(dqk, p.stage_pitch, per_sm / 2 - 1024);

@@ -39,39 +39,37 @@ constexpr int REG_LAUNCH = 168, REG_S = 96, REG_PV = 200;
 static_assert(128 * (REG_LAUNCH - REG_S) >= 256 * (REG_PV - REG_LAUNCH), "setmaxnreg: more registers asked than released");
 constexpr int BLK_Q = MR * 128; // one 64-row x 64-dim swizzled block of bf16
 
-// Keys per tile: 64 for plain bf16 rows, 32 when a raw stage ring must fit too.
+// Keys per tile: 64 for plain bf16 rows; 32 for staged layouts, whose raw
+// stage and third K buffer must fit too.
 __host__ __device__ constexpr int tile_keys(int identity) { return identity ? 64 : 32; }
+// bf16 K buffers and P buffers: plain bf16 rows 2 and 1; staged layouts 3 and 2,
+// so that dequantizing tile u + 1 never waits for the P V of tile u - 1.
+__host__ __device__ constexpr int k_buffers(int identity) { return identity ? 2 : 3; }
+__host__ __device__ constexpr int p_buffers(int identity) { return identity ? 1 : 2; }
 
-enum : int { BAR_FULL0 = 1, BAR_FULL1, BAR_P_FULL, BAR_P_EMPTY, BAR_LOADER };
+enum : int { BAR_FULL0 = 1, BAR_P_FULL0 = 4, BAR_P_EMPTY0 = 6, BAR_LOADER = 8 }; // 3 FULL, 2 P_FULL, 2 P_EMPTY
 
 struct smem_plan {
   int q, k, p, raw, raw_ok, plan, alpha, fin, tok_ok, total;
 };
 
 // Offsets from the 1024-aligned start of the dynamic window; total includes
-// the alignment slack. nraw: raw stages (staged layouts).
-template <int DQK> __host__ __device__ constexpr smem_plan make_smem_plan(int identity, int stage_pitch, int nraw) {
+// the alignment slack. Staged layouts have one raw stage.
+template <int DQK> __host__ __device__ constexpr smem_plan make_smem_plan(int identity, int stage_pitch) {
   const int kb = tile_keys(identity);
   smem_plan s{};
   int o = 0;
   s.q = o, o += DQK / 64 * BLK_Q;
-  s.k = o, o += 2 * (DQK / 64) * kb * 128;
-  s.p = o, o += BLK_Q; // 64 rows x 128 bytes; kb = 32 uses half of each row
-  s.raw = o, o += identity ? 0 : nraw * ((kb * stage_pitch + 15) / 16 * 16);
-  s.raw_ok = o, o += identity ? 0 : nraw * kb * 4;
+  s.k = o, o += k_buffers(identity) * (DQK / 64) * kb * 128;
+  s.p = o, o += p_buffers(identity) * BLK_Q; // 64 rows x 128 bytes; kb = 32 uses half of each row
+  s.raw = o, o += identity ? 0 : (kb * stage_pitch + 15) / 16 * 16;
+  s.raw_ok = o, o += identity ? 0 : kb * 4;
   s.plan = o, o += identity ? 0 : DQK / 8 * 16;
-  s.alpha = o, o += MR * 4;
+  s.alpha = o, o += p_buffers(identity) * MR * 4;
   s.fin = o, o += MR * 4;
-  s.tok_ok = o, o += 2 * kb * 4;
+  s.tok_ok = o, o += k_buffers(identity) * kb * 4;
   s.total = o + 1024;
   return s;
-}
-
-// Leaves n cp.async groups of this thread in flight.
-__device__ __forceinline__ void cp_async_wait_upto(int n) {
-  if (n <= 0) mla::cp_async_wait<0>();
-  else if (n == 1) mla::cp_async_wait<1>();
-  else mla::cp_async_wait<2>();
 }
 
 // Starts the copies of key n's row, this thread's share (16-byte chunks j, j + 8, ...):
@@ -136,14 +134,13 @@ __device__ __forceinline__ void dequant_key_spec(const unsigned char *row, unsig
 template <int DQK, int KB, class LS>
 __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_constant__ params p) {
 #if MLA_HAVE_WGMMA
+  constexpr bool STAGED = KB == 32;
   constexpr int NCH = DQK / 8, BLK_K = KB * 128, TILE = (DQK / 64) * BLK_K, NPASS = KB / 32; // keys per loader pass: 32
+  constexpr int NKB = k_buffers(!STAGED), NPB = p_buffers(!STAGED);
   extern __shared__ __align__(16) unsigned char smem_window[];
   unsigned char *smem = smem_window + ((1024 - (mla::smem_addr(smem_window) & 1023)) & 1023);
-  const bool staged = !p.identity;
-  const int nraw = p.nstages;
-  const smem_plan L = make_smem_plan<DQK>(p.identity, p.stage_pitch, nraw);
-  unsigned char *Qs = smem + L.q, *Kbase = smem + L.k, *Ps = smem + L.p, *raw = smem + L.raw;
-  const int stage_bytes = (KB * p.stage_pitch + 15) / 16 * 16;
+  const smem_plan L = make_smem_plan<DQK>(!STAGED, p.stage_pitch);
+  unsigned char *Qs = smem + L.q, *Kbase = smem + L.k, *Pbase = smem + L.p, *raw = smem + L.raw;
   int *raw_ok = reinterpret_cast<int *>(smem + L.raw_ok);
   mla::chunk_plan *plan = reinterpret_cast<mla::chunk_plan *>(smem + L.plan);
   float *alpha_s = reinterpret_cast<float *>(smem + L.alpha);
@@ -157,7 +154,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
 
   // Prologue (all): plans, Q rows (zero past nrows).
   float tscale = 1.0f;
-  if (staged) {
+  if (STAGED) {
     int soff[MLA_LAYOUT_MAX_REGIONS];
 #pragma unroll
     for (int k = 0; k < MLA_LAYOUT_MAX_REGIONS; k++) soff[k] = p.reg_stage_off[k];
@@ -181,7 +178,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REG_S));
     mla::fence_proxy_async(); // this thread's Q rows, for the tensor cores
     __syncthreads();          // Q, plans
-    __syncthreads(); // tile 0
+    __syncthreads();          // tile 0
     int lim[2] = {0x7fffffff, 0x7fffffff};
     if (!p.sparse && p.causal && p.s_q > 1) {
       lim[0] = w.s_k - p.s_q + (w.row0 + rA) / p.h_q;
@@ -190,9 +187,9 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
     float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, l_run[2] = {0.f, 0.f};
     const uint32_t q_addr = mla::smem_addr(Qs);
     for (int u = 0; u < niter; u++) {
-      const int t = w.t_begin + u, b = u & 1;
-      if (u > 0) mla::bar_sync(BAR_FULL0 + b, NT);
-      const uint32_t k_addr = mla::smem_addr(Kbase + b * TILE);
+      const int t = w.t_begin + u, kb = u % NKB, pb = u % NPB;
+      if (u > 0) mla::bar_sync(BAR_FULL0 + kb, NT);
+      const uint32_t k_addr = mla::smem_addr(Kbase + kb * TILE);
       float s[KB / 2];
 #pragma unroll
       for (int e = 0; e < KB / 2; e++) s[e] = 0.f;
@@ -207,7 +204,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       mla::fence_regs(s);
 
       // mask, scale; the quad holds whole rows
-      const int *ok_t = tok_ok + b * KB;
+      const int *ok_t = tok_ok + kb * KB;
       float mx[2] = {-CUDART_INF_F, -CUDART_INF_F};
 #pragma unroll
       for (int e = 0; e < KB / 2; e++) {
@@ -236,16 +233,17 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
         }
       l_run[0] = l_run[0] * alpha[0] + ps[0], l_run[1] = l_run[1] * alpha[1] + ps[1];
 
-      // hand P and alpha over once the P V warpgroups are done with the previous ones
-      if (u > 0) mla::bar_sync(BAR_P_EMPTY, NT);
+      // hand P and alpha over once the P V warpgroups are done with this buffer's previous P
+      if (u >= NPB) mla::bar_sync(BAR_P_EMPTY0 + pb, NT);
+      unsigned char *Ps = Pbase + pb * BLK_Q;
 #pragma unroll
       for (int j = 0; j < KB / 8; j++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++)
           *reinterpret_cast<uint32_t *>(Ps + mla::sw128_off(MR, hh ? rB : rA, j) + 4 * t4) = pf[2 * j + hh];
-      if (t4 == 0) alpha_s[rA] = alpha[0], alpha_s[rB] = alpha[1];
+      if (t4 == 0) alpha_s[pb * MR + rA] = alpha[0], alpha_s[pb * MR + rB] = alpha[1];
       mla::fence_proxy_async();
-      mla::bar_arrive(BAR_P_FULL, NT);
+      mla::bar_arrive(BAR_P_FULL0 + pb, NT);
     }
     // row sums, the normalization (and sink) factor, the LSE
 #pragma unroll
@@ -269,7 +267,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   }
 
   // Warpgroups 1 and 2: K tiles (copies, dequant) and O = alpha O + P V for
-  // value dims 256 (wgi - 1)...
+  // value dims 256 (wgi - 1)..
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_PV));
   const int lt = tid - 128, lj = lt & 7, ln = lt >> 3; // loader: chunk lane lj of keys ln + 32 i
   int next = 0, nx_page[NPASS], nx_off[NPASS];     // the next tile to issue, its keys' slots
@@ -277,30 +275,29 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
 #pragma unroll
     for (int i = 0; i < NPASS; i++) token_of<KB>(p, r, qi, nkeys, w.t_begin + next, ln + 32 * i, nx_page[i], nx_off[i]);
   };
-  // Starts the next tile's copies (past the last tile: an empty group, so group counts stay uniform).
+  // Starts the next tile's copies: into its K buffer, or into the raw stage.
   auto issue_next = [&]() {
     if (next < niter) {
-      unsigned char *kt = Kbase + (next & 1) * TILE, *stage = raw + (staged ? (next % nraw) * stage_bytes : 0);
+      unsigned char *kt = Kbase + (next % NKB) * TILE;
 #pragma unroll
       for (int i = 0; i < NPASS; i++) {
         const int n = ln + 32 * i;
-        issue_key<DQK, KB>(p, kt, stage, n, lj, nx_page[i], nx_off[i]);
-        if (lj == 0) (staged ? raw_ok + (next % nraw) * KB : tok_ok + (next & 1) * KB)[n] = nx_page[i] >= 0;
+        issue_key<DQK, KB>(p, kt, raw, n, lj, nx_page[i], nx_off[i]);
+        if (lj == 0) (STAGED ? raw_ok : tok_ok + (next % NKB) * KB)[n] = nx_page[i] >= 0;
       }
     }
     mla::cp_async_commit();
     next++;
     lookup();
   };
-  // Dequantizes tile u from its raw stage into K buffer u & 1: lane = key, and
+  // Dequantizes tile u from the raw stage into its K buffer: lane = key, and
   // warp w of the eight takes chunks w, w + 8, ..., so every chunk plan (and
   // its branch) is uniform across the warp.
   auto dequant_tile = [&](int u) {
-    static_assert(KB == 32 || KB == 64, "one key per lane");
-    if constexpr (KB == 32) {
+    if constexpr (STAGED) {
       const int n = lt & 31, wq = lt >> 5;
-      const unsigned char *row = raw + (u % nraw) * stage_bytes + n * p.stage_pitch;
-      unsigned char *kt = Kbase + (u & 1) * TILE;
+      const unsigned char *row = raw + n * p.stage_pitch;
+      unsigned char *kt = Kbase + (u % NKB) * TILE;
       if constexpr (!std::is_void<LS>::value) {
         switch (wq) { // warp-uniform
         case 0: dequant_key_spec<LS, DQK, KB, 0>(row, kt, n, tscale); break;
@@ -319,20 +316,18 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
           *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, c)) = mla::dequant_chunk_bf16(plan[c], row, tscale);
         }
       }
+      if (lt < KB) tok_ok[(u % NKB) * KB + lt] = raw_ok[lt];
     }
-    if (lt < KB) tok_ok[(u & 1) * KB + lt] = raw_ok[(u % nraw) * KB + lt];
   };
 
   lookup();
-  if (staged) { // raw tiles 0 .. nraw - 1 in flight, tile 0 dequantized
-    for (int u = 0; u < nraw; u++) issue_next();
-    cp_async_wait_upto(nraw - 1);
-    __syncthreads(); // plans, stage 0
+  issue_next(); // tile 0
+  mla::cp_async_wait<0>();
+  __syncthreads(); // plans, tile 0's rows
+  if (STAGED) {
     dequant_tile(0);
-  } else {
-    issue_next();
-    mla::cp_async_wait<0>();
-    __syncthreads();
+    mla::bar_sync(BAR_LOADER, 256); // the raw stage is free
+    issue_next();                   // tile 1's raw rows
   }
   mla::fence_proxy_async();
   __syncthreads(); // tile 0 ready
@@ -340,30 +335,38 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   float o[128];
 #pragma unroll
   for (int e = 0; e < 128; e++) o[e] = 0.f;
-  const uint32_t p_addr = mla::smem_addr(Ps);
   for (int u = 0; u < niter; u++) {
-    const int t = w.t_begin + u, b = u & 1, nb = b ^ 1;
-    // Both P V warpgroups are done with tile u - 1 (and warpgroup 0 with its S):
-    // buffer nb takes tile u + 1.
-    if (staged) cp_async_wait_upto(nraw - 2); // tile u + 1's raw rows landed (this thread's share)
-    mla::bar_sync(BAR_LOADER, 256);
-    if (staged) {
+    const int t = w.t_begin + u, kb = u % NKB, pb = u % NPB, nkb = (u + 1) % NKB;
+    if (STAGED) {
+      // Tile u + 1: its raw rows landed; its K buffer held tile u - 2, whose S and
+      // P V are done (P_FULL(u - 2) seen, P V(u - 2) waited for last iteration).
+      mla::cp_async_wait<0>();
+      mla::bar_sync(BAR_LOADER, 256);
       if (t + 1 < w.t_end) {
         dequant_tile(u + 1);
         mla::fence_proxy_async();
-        mla::bar_arrive(BAR_FULL0 + nb, NT);
+        mla::bar_arrive(BAR_FULL0 + nkb, NT);
       }
-      issue_next(); // tile u + nraw, into tile u's stage
+      mla::bar_sync(BAR_LOADER, 256); // the raw stage is free
+      issue_next();                   // tile u + 2's raw rows
     } else if (t + 1 < w.t_end) {
-      issue_next(); // tile u + 1
+      // Tile u + 1 into the buffer of tile u - 1, whose S and P V are done.
+      if (u > 0) mla::bar_sync(BAR_LOADER, 256);
+      issue_next();
     }
-    mla::bar_sync(BAR_P_FULL, NT);
-    const float al[2] = {alpha_s[rA], alpha_s[rB]};
+    mla::bar_sync(BAR_P_FULL0 + pb, NT);
+    if (STAGED) { // P V(u - 1), left running last iteration, must be done before the rescale
+      mla::wgmma_wait<0>();
+      mla::fence_regs(o);
+      if (u >= 1 && u - 1 + NPB < niter) mla::bar_arrive(BAR_P_EMPTY0 + (u - 1) % NPB, NT);
+    }
+    const float al[2] = {alpha_s[pb * MR + rA], alpha_s[pb * MR + rB]};
     if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) {
 #pragma unroll
       for (int e = 0; e < 128; e++) o[e] *= al[(e >> 1) & 1];
     }
-    const uint32_t v_addr = mla::smem_addr(Kbase + b * TILE) + (wgi - 1) * 4 * BLK_K;
+    const uint32_t p_addr = mla::smem_addr(Pbase + pb * BLK_Q);
+    const uint32_t v_addr = mla::smem_addr(Kbase + kb * TILE) + (wgi - 1) * 4 * BLK_K;
     mla::fence_regs(o);
     mla::wgmma_fence();
 #pragma unroll
@@ -371,15 +374,19 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       mla::wgmma_m64n256k16_bf16_tb(o, mla::wgmma_desc(p_addr + kk * 32, 16, 1024),
                                     mla::wgmma_desc(v_addr + kk * 16 * 128, BLK_K, 1024), 1);
     mla::wgmma_commit();
-    if (!staged && t + 1 < w.t_end) {
-      mla::cp_async_wait<0>();
-      mla::fence_proxy_async();
-      mla::bar_arrive(BAR_FULL0 + nb, NT);
+    if (!STAGED) {
+      if (t + 1 < w.t_end) {
+        mla::cp_async_wait<0>();
+        mla::fence_proxy_async();
+        mla::bar_arrive(BAR_FULL0 + nkb, NT);
+      }
+      mla::wgmma_wait<0>();
+      mla::fence_regs(o);
+      if (u + NPB < niter) mla::bar_arrive(BAR_P_EMPTY0 + pb, NT);
     }
-    mla::wgmma_wait<0>();
-    mla::fence_regs(o);
-    if (u + 1 < niter) mla::bar_arrive(BAR_P_EMPTY, NT);
   }
+  mla::wgmma_wait<0>();
+  mla::fence_regs(o);
   mla::cp_async_wait<0>();
   __syncthreads(); // fin_s
 
