@@ -113,19 +113,35 @@ template <int KB> __device__ __forceinline__ void wgmma_s(float (&s)[KB / 2], ui
   else mla::wgmma_m64n32k16_bf16(s, da, db, 1);
 }
 
-// Chunks WQ, WQ + 8, ... of one key (a raw stage row) into the swizzled K tile,
-// for a built-in layout known at compile time (attn_fused_spec.cuh): the
-// kind, data and scale offsets of every chunk are immediates.
-template <class LS, int DQK, int KB, int WQ>
-__device__ __forceinline__ void dequant_key_spec(const unsigned char *row, unsigned char *kt, int n, float tscale) {
+// Whether chunk wq + 8i of a layout is chunk 8i shifted by wq chunks (same kind
+// and scale, data wq x 8 elements further) for every warp wq of eight: then one
+// code path with compile-time offsets serves all eight dequant warps.
+__host__ __device__ constexpr bool warp_affine(const mla_layout_desc &d, int dqk) {
   using namespace mla_attn_spec;
+  for (int i = 0; i < dqk / 64; i++) {
+    const spec_chunk a = chunk_at(d, 64 * i);
+    for (int wq = 1; wq < 8; wq++) {
+      const spec_chunk b = chunk_at(d, (wq + 8 * i) * 8);
+      if (b.kind != a.kind || b.scale_src != a.scale_src || (a.kind != SK_ZERO && b.src != a.src + wq * 8 * a.esize)) return false;
+    }
+  }
+  return true;
+}
+
+// Chunks wq, wq + 8, ... of one key (a raw stage row) into the swizzled K tile,
+// for a built-in layout known at compile time (attn_fused_spec.cuh): kinds,
+// scale offsets and data offsets (plus wq x 8 elements) are immediates.
+template <class LS, int DQK, int KB>
+__device__ __forceinline__ void dequant_key_spec(const unsigned char *row, unsigned char *kt, int n, int wq, float tscale) {
+  using namespace mla_attn_spec;
+  static_assert(warp_affine(LS::host, DQK), "the layout's chunks are not uniform across the dequant warps");
   static_for<DQK / 64>([&](auto ic) {
-    constexpr int c = WQ + 8 * decltype(ic)::value;
-    constexpr spec_chunk k = chunk_at(LS::host, c * 8);
+    constexpr int i = decltype(ic)::value;
+    constexpr spec_chunk k = chunk_at(LS::host, 64 * i);
     static_assert(k.kind != SK_BAD, "spec_ok layouts only");
     uint4 v = make_uint4(0, 0, 0, 0);
-    if constexpr (k.kind != SK_ZERO) v = convert<k.kind, false>(row, slot{0, k.kind, k.src, k.scale_src, 0}, tscale);
-    *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, c)) = v;
+    if constexpr (k.kind != SK_ZERO) v = convert<k.kind, false>(row, slot{0, k.kind, k.src + wq * 8 * k.esize, k.scale_src, 0}, tscale);
+    *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, wq + 8 * i)) = v;
   });
 }
 
@@ -299,16 +315,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       const unsigned char *row = raw + n * p.stage_pitch;
       unsigned char *kt = Kbase + (u % NKB) * TILE;
       if constexpr (!std::is_void<LS>::value) {
-        switch (wq) { // warp-uniform
-        case 0: dequant_key_spec<LS, DQK, KB, 0>(row, kt, n, tscale); break;
-        case 1: dequant_key_spec<LS, DQK, KB, 1>(row, kt, n, tscale); break;
-        case 2: dequant_key_spec<LS, DQK, KB, 2>(row, kt, n, tscale); break;
-        case 3: dequant_key_spec<LS, DQK, KB, 3>(row, kt, n, tscale); break;
-        case 4: dequant_key_spec<LS, DQK, KB, 4>(row, kt, n, tscale); break;
-        case 5: dequant_key_spec<LS, DQK, KB, 5>(row, kt, n, tscale); break;
-        case 6: dequant_key_spec<LS, DQK, KB, 6>(row, kt, n, tscale); break;
-        default: dequant_key_spec<LS, DQK, KB, 7>(row, kt, n, tscale);
-        }
+        dequant_key_spec<LS, DQK, KB>(row, kt, n, wq, tscale);
       } else {
 #pragma unroll
         for (int i = 0; i < NCH / 8; i++) {
