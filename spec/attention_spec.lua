@@ -511,29 +511,33 @@ local SPEC_VARIANT = { fp8_pertensor = "fp8_pertensor", fp8_ds_mla = "fp8_ds_mla
   fp8_v4 = "fp8_v4", fp8_v4_vllm = "fp8_v4" }
 local SPEC_LAYOUTS = { "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_v4", "fp8_v4_vllm" }
 
+-- Runs a case on the specialized kernel (specialize = true, expected variant `want`, or a
+-- function giving it) and on the generic one, each against the reference; returns both results.
+local function specialized_and_generic(case, opts, preset, want, rows_per_cta)
+  local seen = {}
+  for _, spec in ipairs { true, false } do
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    o.specialize = spec
+    local out, lse, plan = run(case, "baked", o)
+    local expect = spec and (type(want) == "function" and want() or want) or "generic"
+    assert.equal(expect, plan.variant)
+    assert.equal(expect, mla.attention.last_variant())
+    assert.equal(rows_per_cta, plan.rows_per_cta)
+    local ro = {}
+    for k, v in pairs(opts) do ro[k] = v end
+    ro.splits = nil
+    if ro.sink then ro.sink = ro.sink:to("cpu") end
+    against_ref(case, ro, out, lse, preset)
+    seen[#seen + 1] = { out = out:to({ dtype = "f32", device = "cpu" }), plan = plan }
+  end
+  return seen
+end
+
 describe("attention baked specialized kernels", function()
   S.on_device("cuda", before_each, after_each)
 
-  local function both(case, opts, preset, want)
-    local seen = {}
-    for _, spec in ipairs { true, false } do
-      local o = {}
-      for k, v in pairs(opts) do o[k] = v end
-      o.specialize = spec
-      local out, lse, plan = run(case, "baked", o)
-      local expect = spec and want or "generic"
-      assert.equal(expect, plan.variant)
-      assert.equal(expect, mla.attention.last_variant())
-      assert.equal(16, plan.rows_per_cta)
-      local ro = {}
-      for k, v in pairs(opts) do ro[k] = v end
-      ro.splits = nil
-      if ro.sink then ro.sink = ro.sink:to("cpu") end
-      against_ref(case, ro, out, lse, preset)
-      seen[#seen + 1] = { out = out:to({ dtype = "f32", device = "cpu" }), plan = plan }
-    end
-    return seen
-  end
+  local function both(case, opts, preset, want) return specialized_and_generic(case, opts, preset, want, 16) end
 
   it("dense decode on every fp8 built-in: specialized and generic both match the reference #gpu", function()
     local n = 0
@@ -629,24 +633,9 @@ end)
 describe("attention baked wgmma kernel (64-row tiles)", function()
   S.on_device("cuda", before_each, after_each)
 
-  local function both(case, opts, preset)
-    for _, spec in ipairs { true, false } do
-      local o = {}
-      for k, v in pairs(opts) do o[k] = v end
-      o.specialize = spec
-      local out, lse, plan = run(case, "baked", o)
-      local hopper = mla.device_props(0).arch == "sm_90" -- asked here: describe blocks also run on CPU-only CI
-      local expect = spec and hopper and "wgmma" or "generic"
-      assert.equal(expect, plan.variant)
-      assert.equal(expect, mla.attention.last_variant())
-      assert.equal(64, plan.rows_per_cta)
-      local ro = {}
-      for k, v in pairs(opts) do ro[k] = v end
-      ro.splits = nil
-      if ro.sink then ro.sink = ro.sink:to("cpu") end
-      against_ref(case, ro, out, lse, preset)
-    end
-  end
+  -- the device is asked inside the tests: describe blocks also run on CPU-only CI
+  local function wgmma_expected() return mla.device_props(0).arch == "sm_90" and "wgmma" or "generic" end
+  local function both(case, opts, preset) return specialized_and_generic(case, opts, preset, wgmma_expected, 64) end
 
   it("dense decode, 128 heads, on every MLA layout, one split and the combine #gpu", function()
     for k, name in ipairs(MLA_LAYOUTS) do

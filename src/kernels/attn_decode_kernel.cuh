@@ -230,6 +230,31 @@ __device__ __forceinline__ uint4 load_q8(const params &p, int r, int i, int h, i
                     e[6] | (uint32_t)e[7] << 16);
 }
 
+// Chunk plans of the K dims (staged layouts; all threads of the CTA share the
+// work); returns the per-tensor scale (1 without one).
+template <int NCH> __device__ __forceinline__ float setup_plans(const params &p, mla::chunk_plan *plan, int tid, int nt) {
+  int soff[MLA_LAYOUT_MAX_REGIONS];
+#pragma unroll
+  for (int k = 0; k < MLA_LAYOUT_MAX_REGIONS; k++) soff[k] = p.reg_stage_off[k];
+  for (int c = tid; c < NCH; c += nt) plan[c] = mla::make_chunk_plan(p.d, soff, c * 8);
+  return p.v.tensor_scale ? __ldg(p.v.tensor_scale) : 1.0f;
+}
+
+// The chunk's Q rows, 8 dims at a time (zeros past nrows), handed to store(row, c, val).
+template <int MR, int NCH, class Store>
+__device__ __forceinline__ void load_q_rows(const params &p, const cta_work &w, int tid, int nt, Store &&store) {
+  for (int idx = tid; idx < MR * NCH; idx += nt) {
+    const int row = idx / NCH, c = idx - row * NCH;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (row < w.nrows) {
+      int i, h;
+      row_coords(p, w.qi, w.row0 + row, i, h);
+      val = load_q8(p, w.r, i, h, c);
+    }
+    store(row, c, val);
+  }
+}
+
 template <int MR, int DQK>
 __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_kernel(const __grid_constant__ params p) {
   using S = shape<MR>;
@@ -261,28 +286,14 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
   if (t_begin >= t_end) return write_empty_split<NT>(p, w, tid);
 
   // Setup: dequant plans, Q rows, running statistics, slots of the first tiles.
-  float tscale = 1.0f;
-  if (!p.identity) {
-    int soff[MLA_LAYOUT_MAX_REGIONS];
-#pragma unroll
-    for (int k = 0; k < MLA_LAYOUT_MAX_REGIONS; k++) soff[k] = p.reg_stage_off[k];
-    for (int c = tid; c < NCH; c += NT) plan[c] = mla::make_chunk_plan(p.d, soff, c * 8);
-    if (p.v.tensor_scale) tscale = __ldg(p.v.tensor_scale);
-  }
-  for (int idx = tid; idx < MR * NCH; idx += NT) {
-    const int row = idx / NCH, c = idx - row * NCH;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (row < nrows) {
-      int i, h;
-      row_coords(p, qi, row0 + row, i, h);
-      val = load_q8(p, r, i, h, c);
-    }
+  const float tscale = p.identity ? 1.0f : setup_plans<NCH>(p, plan, tid, NT);
+  load_q_rows<MR, NCH>(p, w, tid, NT, [&](int row, int c, uint4 val) {
     if (fused) {
       uint32_t *f = reinterpret_cast<uint32_t *>(reinterpret_cast<unsigned char *>(Qs) + qfrag_off<DQK>(row & 7, c));
       const int hi = row >> 3;
       f[hi] = val.x, f[2 + hi] = val.y, f[4 + hi] = val.z, f[6 + hi] = val.w;
     } else *reinterpret_cast<uint4 *>(Qs + row * QP + c * 8) = val;
-  }
+  });
   for (int row = tid; row < MR; row += NT) {
     m_run[row] = m_run[MR + row] = -CUDART_INF_F;
     l_run[row] = 0.f;

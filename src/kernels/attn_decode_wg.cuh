@@ -169,24 +169,9 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   const int r = w.r, qi = w.qi, nkeys = w.nkeys, niter = w.t_end - w.t_begin;
 
   // Prologue (all): plans, Q rows (zero past nrows).
-  float tscale = 1.0f;
-  if (STAGED) {
-    int soff[MLA_LAYOUT_MAX_REGIONS];
-#pragma unroll
-    for (int k = 0; k < MLA_LAYOUT_MAX_REGIONS; k++) soff[k] = p.reg_stage_off[k];
-    for (int c = tid; c < NCH; c += NT) plan[c] = mla::make_chunk_plan(p.d, soff, c * 8);
-    if (p.v.tensor_scale) tscale = __ldg(p.v.tensor_scale);
-  }
-  for (int idx = tid; idx < MR * NCH; idx += NT) {
-    const int row = idx / NCH, c = idx - row * NCH;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (row < w.nrows) {
-      int i, h;
-      row_coords(p, qi, w.row0 + row, i, h);
-      val = load_q8(p, r, i, h, c);
-    }
-    *reinterpret_cast<uint4 *>(Qs + mla::sw128_off(MR, row, c)) = val;
-  }
+  const float tscale = STAGED ? setup_plans<NCH>(p, plan, tid, NT) : 1.0f;
+  load_q_rows<MR, NCH>(p, w, tid, NT,
+                       [&](int row, int c, uint4 val) { *reinterpret_cast<uint4 *>(Qs + mla::sw128_off(MR, row, c)) = val; });
 
   const int rA = warp * 16 + g, rB = rA + 8;
   if (wgi == 0) {
