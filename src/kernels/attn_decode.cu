@@ -75,28 +75,33 @@ int stages_within(int mr, int dqk, int identity, int pitch, int64_t budget) {
   return 0;
 }
 
-// Compile-time-specialized variants of the 16-row staged path (attn_fused_spec.cuh),
-// chosen by descriptor equality (for reading) with a built-in layout.
+// The built-in layouts with compile-time-specialized kernels, matched by
+// descriptor equality (for reading): the 16-row staged kernel
+// (attn_fused_spec.cuh) and the wgmma kernel's compiled-in dequant.
 struct spec_variant {
   const char *name;
   const mla_layout_desc *desc;
-  const void *fn;
+  const void *fn;    // 16-row kernel
+  const void *wg_fn; // wgmma kernel, staged tiles
 };
 template <class LS> spec_variant variant_of() {
-  return {LS::name, &LS::host, (const void *)mla_attn_spec::attn_decode_spec_kernel<LS>};
+  return {LS::name, &LS::host, (const void *)mla_attn_spec::attn_decode_spec_kernel<LS>,
+          (const void *)wg::attn_decode_wg_kernel<LS::host.k_dims, wg::tile_keys(0), LS>};
 }
-const spec_variant *find_variant(const mla_layout_desc &d, const params &p) {
+const spec_variant *find_layout_spec(const mla_layout_desc &d) {
   static const spec_variant all[] = {variant_of<mla_attn_spec::spec_fp8_pertensor>(),
                                      variant_of<mla_attn_spec::spec_fp8_ds_mla>(), variant_of<mla_attn_spec::spec_fp8_v4>()};
-  for (const spec_variant &v : all) {
-    if (!mla_layout_desc_same(&d, v.desc, 1)) continue;
-    // the view must allow the variant's copies (alignment of base, strides) and its stage rows
-    if (p.stage_pitch != mla_attn_spec::stage_pitch(*v.desc)) return nullptr;
-    for (int r = 0; r < d.nregions; r++)
-      if (p.reg_gran[r] < mla_attn_spec::region_gran(*v.desc, r)) return nullptr;
-    return &v;
-  }
+  for (const spec_variant &v : all)
+    if (mla_layout_desc_same(&d, v.desc, 1)) return &v;
   return nullptr;
+}
+// The 16-row variant, if the view also allows its copies (alignment of base, strides) and its stage rows.
+const spec_variant *find_variant(const mla_layout_desc &d, const params &p) {
+  const spec_variant *v = find_layout_spec(d);
+  if (!v || p.stage_pitch != mla_attn_spec::stage_pitch(*v->desc)) return nullptr;
+  for (int r = 0; r < d.nregions; r++)
+    if (p.reg_gran[r] < mla_attn_spec::region_gran(*v->desc, r)) return nullptr;
+  return v;
 }
 
 int spec_stages_within(int dqk, int pitch, int64_t budget) {
@@ -112,13 +117,10 @@ int wg_smem(int dqk, int identity, int pitch) {
   return dqk == 576 ? wg::make_smem_plan<576>(identity, pitch).total : wg::make_smem_plan<512>(identity, pitch).total;
 }
 // The wgmma kernel for a launch: plain bf16 tiles, a built-in fp8 layout's
-// compiled-in dequant (descriptor equality, as find_variant), or chunk plans.
+// compiled-in dequant, or chunk plans.
 const void *wg_kernel(const mla_layout_desc &d, int dqk, int identity) {
-  using namespace mla_attn_spec;
   if (identity) return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, 64, void> : (const void *)wg::attn_decode_wg_kernel<512, 64, void>;
-  if (mla_layout_desc_same(&d, &spec_fp8_ds_mla::host, 1)) return (const void *)wg::attn_decode_wg_kernel<576, 32, spec_fp8_ds_mla>;
-  if (mla_layout_desc_same(&d, &spec_fp8_pertensor::host, 1)) return (const void *)wg::attn_decode_wg_kernel<576, 32, spec_fp8_pertensor>;
-  if (mla_layout_desc_same(&d, &spec_fp8_v4::host, 1)) return (const void *)wg::attn_decode_wg_kernel<512, 32, spec_fp8_v4>;
+  if (const spec_variant *v = find_layout_spec(d)) return v->wg_fn;
   return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, 32, void> : (const void *)wg::attn_decode_wg_kernel<512, 32, void>;
 }
 // K tiles in flight in the wgmma kernel (bf16 tiles, or the raw stage); 0 if it does not fit.
