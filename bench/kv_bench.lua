@@ -193,6 +193,26 @@ case("compact fp8_ds_mla", function(bytes)
         T, W, npages, c.num_blocks, 656, 1152), { sync = true }
 end)
 
+-- The same compaction in its capacity mode: outputs preallocated for every
+-- page of the pool, no host sync (count stays on the device), so it is timed
+-- like the other kernels (cold, queued behind the blocking kernel).
+case("compact fp8_ds_mla capacity", function(bytes)
+  local per = 656 + 1152
+  local W = cpu and 64 or 2048
+  local T = (bytes // per) // W
+  local c = pool("fp8_ds_mla", 2 * T * W)
+  local v = fill(c, 0)
+  local idx = rand_ints(T * W, c.num_blocks * BS):reshape({ T, W })
+  local out = mla.empty({ c.num_blocks * BS, 576 }, "bf16", dev)
+  local o = { out = out, check = false }
+  local _, _, _, count = K.compact(v, idx, o)
+  K.check(dev)
+  local npages = math.tointeger(count:item())
+  return function() K.compact(v, idx, o) end, npages * BS * per + T * W * 8,
+      string.format("%d x %d indices -> %d of %d pages dequantized (%d B read + %d B written per row) + 4 B remap read and written; capacity %d pages, no sync",
+        T, W, npages, c.num_blocks, 656, 1152, c.num_blocks)
+end)
+
 for _, mode in ipairs { "paged", "ragged" } do
   case("topk_" .. mode .. " prefill", function(bytes)
     local W = 2048

@@ -313,6 +313,77 @@ describe("referenced-slot dequant for fallbacks", function()
     assert.equal(36, checked)
   end)
 
+  it("compact, capacity mode: the exact mode's pages, rows and remap, -1 tail, rows past the count untouched", function()
+    rng(18)
+    local L = mla.layout.get("fp8_ds_mla")
+    local bs = 4
+    local v = pool(L, 12, bs, "cpu")
+    fill_pool(v, 48)
+    local idx = mla.tensor(indices_for(12, bs, 4, 10, 7), "i64")
+    local r1, m1, p1 = K.compact(v, idx)
+    local n = p1:numel()
+    assert.is_true(n >= 3)
+    -- room for n + 2 pages; the 2 spare pages' rows hold a sentinel that must survive
+    local out = mla.full({ (n + 2) * bs, L.dim }, -3.25, "bf16", "cpu")
+    local rows, remap, pages, count = K.compact(v, idx, { out = out })
+    assert.equal(out, rows)
+    assert.equal(n, count:item())
+    local want = p1:totable()
+    want[n + 1], want[n + 2] = -1, -1
+    assert.same(want, pages:totable())
+    assert.same(m1:totable(), remap:totable())
+    assert_bytes(rows:narrow(0, 0, n * bs):contiguous(), r1, "capacity rows")
+    assert_bytes(rows:narrow(0, n * bs, 2 * bs):contiguous(), mla.full({ 2 * bs, L.dim }, -3.25, "bf16", "cpu"),
+      "rows past the count")
+
+    -- capacity short by 2 pages: check raises; check = false keeps the first cap pages
+    local cap = n - 2
+    local small = mla.empty({ cap * bs, L.dim }, "bf16", "cpu")
+    assert.has_error(function() K.compact(v, idx, { out = small }) end,
+      string.format("compact: indices refer to %d pages but the capacity is %d (pages has %d entries; out holds %d "
+        .. "rows of block size %d): the outputs hold only the first %d", n, cap, cap, cap * bs, bs, cap))
+    local rows2, remap2, pages2, count2 = K.compact(v, idx, { out = small, check = false })
+    assert.equal(n, count2:item())
+    assert.same({ table.unpack(p1:totable(), 1, cap) }, pages2:totable())
+    assert_bytes(rows2, r1:narrow(0, 0, cap * bs):contiguous(), "rows within the capacity")
+    local rm, rm2, dropped = m1:totable(), remap2:totable(), 0
+    for t = 1, #rm do
+      for k = 1, #rm[t] do
+        local want_k = rm[t][k]
+        if want_k >= cap * bs then want_k, dropped = -1, dropped + 1 end
+        assert.equal(want_k, rm2[t][k])
+      end
+    end
+    assert.is_true(dropped > 0)
+  end)
+
+  it("compact, capacity mode: bad outputs are named", function()
+    rng(19)
+    local L = mla.layout.get("fp8_v4")
+    local bs = 4
+    local v = pool(L, 6, bs, "cpu")
+    fill_pool(v, 24)
+    local idx = mla.tensor(indices_for(6, bs, 2, 6, 6), "i32")
+    local out = mla.empty({ 6 * bs, L.dim }, "bf16", "cpu")
+    local cases = {
+      { { out = mla.empty({ 6 * bs, L.dim }, "f32", "cpu") }, "out" },
+      { { out = out, pages = mla.empty({ 6 }, "i32", "cpu") }, "pages must be a contiguous 1-dim i64 tensor" },
+      { { out = out, pages = mla.empty({ 7 }, "i64", "cpu") }, "fewer than pages' capacity of 7 pages" },
+      { { out = out, count = mla.empty({ 2 }, "i64", "cpu") }, "count must be an i64 tensor of 1 element" },
+      { { out = out, remap = mla.empty({ 12 }, "i32", "cpu") }, "remap must have the shape of indices" },
+      { { out = out, ncols = 64 }, "ncols = 64 but out has " .. L.dim .. " columns" },
+      { { pages = mla.empty({ 6 }, "i64", "cpu") }, "pages, remap and count outputs need out" },
+    }
+    local ok, err = pcall(K.compact, { pages = v.pages }, idx)
+    assert.is_false(ok)
+    assert.truthy(tostring(err):find("compact: the cache table has no layout", 1, true), tostring(err))
+    for _, c in ipairs(cases) do
+      local ok, err = pcall(K.compact, v, idx, c[1])
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find(c[2], 1, true), tostring(err))
+    end
+  end)
+
   it("per-token gather (graph safe): one row per index, shape from the index tensor alone", function()
     rng(9)
     local L = mla.layout.get("fp8_v4")
@@ -601,6 +672,18 @@ describe("baked kernels vs CPU references #gpu", function()
       assert_bytes(r2:cpu(), r1, "compact rows")
       assert.same(m1:totable(), m2:cpu():totable())
       assert.same(p1:totable(), p2:cpu():totable())
+      -- capacity mode, no sync: one spare page whose rows keep their NaN poison
+      local n = p1:numel()
+      local out = mla.full({ (n + 1) * bs, r1:size(1) }, 0 / 0, "bf16", "cuda")
+      local r3, m3, p3, c3 = K.compact(g, it_:cuda(), { out = out, check = false })
+      K.check("cuda")
+      assert.equal(n, c3:item())
+      assert_bytes(r3:narrow(0, 0, n * bs):cpu(), r1, "capacity rows")
+      assert_bytes(r3:narrow(0, n * bs, bs):cpu(), mla.full({ bs, r1:size(1) }, 0 / 0, "bf16", "cpu"), "spare rows")
+      assert.same(m1:totable(), m3:cpu():totable())
+      local pl = p1:totable()
+      pl[n + 1] = -1
+      assert.same(pl, p3:cpu():totable())
       local q1, n1 = K.gather_referenced(v, it_)
       local q2, n2 = K.gather_referenced(g, it_:cuda())
       assert_bytes(q2:cpu(), q1, "per-token rows")

@@ -38,6 +38,14 @@ int mla_kv_requant(const mla_kv_cache *src, const mla_kv_cache *dst, int dev);
  * synchronizes (not CUDA-graph safe, by design; see the per-token gather). */
 int mla_kv_compact(const mla_kv_cache *c, int dev, const mla_tensor *indices, int64_t ncols, mla_tensor *rows,
                    mla_tensor *remap, mla_tensor *pages);
+/* The capacity mode of compaction, with no host sync (CUDA-graph safe):
+ * rows bf16 [>= cap * block_size, ncols], pages i64 [cap] (its size is the
+ * capacity), count i64 [1], remap of the shape of indices, all given. Writes
+ * the referenced pages of rank < cap (list, rows, remap), -1 in the list past
+ * the count and in remap for pages past the capacity, and the true count
+ * (> cap: the outputs are incomplete; the caller checks). */
+int mla_kv_compact_into(const mla_kv_cache *c, int dev, const mla_tensor *indices, mla_tensor *rows, mla_tensor *remap,
+                        mla_tensor *pages, mla_tensor *count);
 /* Top-k transforms; token_req / cu_q / lens may be NULL. */
 int mla_kv_topk_paged(int dev, const mla_tensor *topk, const mla_tensor *block_table, int64_t block_size,
                       const mla_tensor *token_req, const mla_tensor *cu_q, mla_tensor *out, mla_tensor *lens);

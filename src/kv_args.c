@@ -105,6 +105,24 @@ unsigned long long *mla_kv_bad_counter(int dev) {
   return bad_counters[dev];
 }
 
+static void *scratch[MLA_KV_MAX_DEVICES];
+static int64_t scratch_bytes[MLA_KV_MAX_DEVICES];
+
+void *mla_kv_scratch(int dev, int64_t bytes) {
+  if (dev < 0 || dev >= MLA_KV_MAX_DEVICES) {
+    mla_err("device %d: at most %d devices are supported", dev, MLA_KV_MAX_DEVICES);
+    return NULL;
+  }
+  if (scratch_bytes[dev] < bytes) {
+    void *p;
+    if (mla_device_alloc(dev, bytes, &p)) return NULL;
+    /* stream-ordered: work queued on the old block finishes before any reuse */
+    if (scratch[dev]) mla_device_free(dev, scratch[dev], scratch_bytes[dev]);
+    scratch[dev] = p, scratch_bytes[dev] = bytes;
+  }
+  return scratch[dev];
+}
+
 int mla_kv_need_tensor_scale(const mla_kv_cache *c, const char *what) {
   if (mla_layout_has_tensor_scale(&c->desc) && !c->view.tensor_scale)
     return mla_err("%s: the layout stores fields under a per-tensor scale; pass tensor_scale (an f32 tensor of 1 element)",

@@ -34,5 +34,9 @@ int mla_kv_launched(int dev, cudaError_t e, const char *kernel);
 /* The device counter of skipped out-of-range indices (allocated and zeroed
  * on first use); NULL with an error if it cannot be allocated. */
 unsigned long long *mla_kv_bad_counter(int dev);
+/* A per-device scratch of at least `bytes`, kept between calls (grown, never
+ * shrunk: a captured CUDA graph keeps its address until a larger one is
+ * asked for); NULL with an error if it cannot be allocated. */
+void *mla_kv_scratch(int dev, int64_t bytes);
 
 #endif

@@ -1,5 +1,6 @@
 /* KV index operations over tensors (see kv.h): compaction of referenced
  * pages, top-k transforms, and the bad-index counter readout. */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "device.h"
@@ -33,41 +34,56 @@ static int index_matrix(const mla_tensor *t, const char *name, int dev, mla_kv_i
 
 /* ---- compaction ------------------------------------------------------------ */
 
-static int compact_outputs(const mla_kv_cache *c, int dev, const mla_tensor *indices, int64_t count, int64_t ncols,
-                           mla_tensor *rows, mla_tensor *remap, mla_tensor *pages) {
-  int64_t rs[2] = {count * c->desc.block_size, ncols}, ps[1] = {count};
-  if (mla_tensor_empty(rows, MLA_BF16, 2, rs, dev) || mla_tensor_empty(remap, indices->dtype, indices->ndim, indices->sizes, dev) ||
-      mla_tensor_empty(pages, MLA_I64, 1, ps, dev))
+/* The outputs of one compaction. Exact mode: allocated once the count is
+ * known (cap = count). Capacity mode: given by the caller, cap pages. */
+typedef struct {
+  mla_tensor *rows, *remap, *pages, *count; /* count: NULL in exact mode */
+  int64_t cap, ncols;
+} compact_out;
+
+static int alloc_exact(const mla_kv_cache *c, int dev, const mla_tensor *indices, int64_t count, compact_out *o) {
+  int64_t rs[2] = {count * c->desc.block_size, o->ncols}, ps[1] = {count};
+  o->cap = count;
+  if (mla_tensor_empty(o->rows, MLA_BF16, 2, rs, dev) ||
+      mla_tensor_empty(o->remap, indices->dtype, indices->ndim, indices->sizes, dev) ||
+      mla_tensor_empty(o->pages, MLA_I64, 1, ps, dev))
     return -1;
   return 0;
 }
 
-static int compact_cpu(const mla_kv_cache *c, const mla_tensor *indices, const mla_kv_imat *idx, int64_t ncols,
-                       mla_tensor *rows, mla_tensor *remap, mla_tensor *pages) {
+static int remap_arg(mla_tensor *remap, int dev, mla_kv_omat *rm) {
+  if (mla_kv_arg_omat(remap, "remap", dev, rm)) return -1;
+  if (remap->ndim == 1) *rm = (mla_kv_omat){rm->data, 1, rm->rows, 0, rm->rs, rm->is64};
+  return 0;
+}
+
+static int compact_cpu(const mla_kv_cache *c, const mla_tensor *indices, const mla_kv_imat *idx, compact_out *o) {
   int64_t np = c->view.num_pages, count = 0;
   int32_t *flags = malloc((size_t)(np ? np : 1) * sizeof *flags), *rank = malloc((size_t)(np ? np : 1) * sizeof *rank);
   int rc = flags && rank ? 0 : mla_err("out of host memory (%lld pages)", (long long)np);
   if (!rc) rc = mla_ref_kv_rank_pages(idx, c->desc.block_size, np, flags, rank, &count);
-  if (!rc) rc = compact_outputs(c, MLA_CPU, indices, count, ncols, rows, remap, pages);
+  if (!rc && !o->count) rc = alloc_exact(c, MLA_CPU, indices, count, o);
   if (!rc) {
-    mla_kv_ivec pl = {pages->storage->data, count, 1, 1};
-    mla_kv_rows out = {rows->storage->data, rows->sizes[0], ncols, ncols};
+    const int64_t listed = count < o->cap ? count : o->cap;
+    mla_kv_ivec pl = {o->pages->storage->data, listed, 1, 1};
+    mla_kv_rows out;
     mla_kv_omat rm;
-    mla_ref_kv_list_pages(flags, rank, np, pages->storage->data);
-    rc = mla_ref_kv_gather_pages(c, &pl, &out);
-    if (!rc) rc = mla_kv_arg_omat(remap, "remap", MLA_CPU, &rm);
-    if (!rc) {
-      if (remap->ndim == 1) rm = (mla_kv_omat){rm.data, 1, rm.rows, 0, rm.rs, rm.is64};
-      mla_ref_kv_remap_compact(idx, rank, c->desc.block_size, np, &rm);
-    }
+    mla_ref_kv_list_pages(flags, rank, np, count, o->cap, o->pages->storage->data);
+    rc = mla_kv_arg_rows(o->rows, "out", MLA_CPU, 1, &out);
+    if (!rc) out.cols = o->ncols, rc = mla_ref_kv_gather_pages(c, &pl, &out);
+    if (!rc) rc = remap_arg(o->remap, MLA_CPU, &rm);
+    if (!rc) mla_ref_kv_remap_compact(idx, rank, c->desc.block_size, np, o->cap, &rm);
+    if (!rc && o->count) *(int64_t *)o->count->storage->data = count;
   }
   free(flags);
   free(rank);
   return rc;
 }
 
-static int compact_cuda(const mla_kv_cache *c, int dev, const mla_tensor *indices, const mla_kv_imat *idx,
-                        int64_t ncols, mla_tensor *rows, mla_tensor *remap, mla_tensor *pages) {
+/* Exact mode: marks and ranks, reads the count back (a sync), allocates the
+ * outputs, then lists, gathers and remaps. */
+static int compact_cuda_exact(const mla_kv_cache *c, int dev, const mla_tensor *indices, const mla_kv_imat *idx,
+                              compact_out *o) {
   int64_t np = c->view.num_pages, count = 0, nbad = 0;
   int64_t scratch = 2 * (np ? np : 1) * (int64_t)sizeof(int32_t) + (int64_t)sizeof(int64_t);
   unsigned long long *bad = mla_kv_bad_counter(dev);
@@ -77,40 +93,105 @@ static int compact_cuda(const mla_kv_cache *c, int dev, const mla_tensor *indice
   int64_t *dcount = buf;
   int32_t *flags = (int32_t *)(dcount + 1), *rank = flags + (np ? np : 1);
   int rc = mla_kv_launched(dev, mla_cuda_kv_mark_pages(idx, c->desc.block_size, np, flags, bad, s), "mla_kv_mark_pages");
-  if (!rc) rc = mla_kv_launched(dev, mla_cuda_kv_rank_pages(flags, np, rank, dcount, s), "mla_kv_rank_pages");
+  if (!rc)
+    rc = mla_kv_launched(dev, mla_cuda_kv_rank_pages(flags, np, rank, dcount, NULL, 0, s), "mla_kv_rank_pages");
   if (!rc) rc = mla_cuda_check(cudaMemcpyAsync(&count, dcount, sizeof count, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
   if (!rc) rc = mla_kv_take_bad(dev, &nbad); /* synchronizes: count is valid after it */
   if (!rc && nbad)
     rc = mla_err("%lld indices are past the cache (%lld pages of %d tokens; counted since the last check)", (long long)nbad,
                  (long long)np, c->desc.block_size);
-  if (!rc) rc = compact_outputs(c, dev, indices, count, ncols, rows, remap, pages);
-  if (!rc) rc = mla_kv_launched(dev, mla_cuda_kv_list_pages(flags, rank, np, pages->storage->data, s), "mla_kv_list_pages");
+  if (!rc) rc = alloc_exact(c, dev, indices, count, o);
+  if (!rc) rc = mla_kv_launched(dev, mla_cuda_kv_list_pages(flags, rank, np, o->pages->storage->data, s), "mla_kv_list_pages");
   if (!rc) {
-    mla_kv_ivec pl = {pages->storage->data, count, 1, 1};
-    mla_kv_rows out = {rows->storage->data, rows->sizes[0], ncols, ncols};
+    mla_kv_ivec pl = {o->pages->storage->data, count, 1, 1};
+    mla_kv_rows out = {o->rows->storage->data, o->rows->sizes[0], o->ncols, o->ncols};
     rc = mla_kv_launched(dev, mla_cuda_kv_gather_pages(c, &pl, &out, bad, s), "mla_kv_gather_pages");
   }
-  if (!rc) {
-    mla_kv_omat rm;
-    rc = mla_kv_arg_omat(remap, "remap", dev, &rm);
-    if (remap->ndim == 1) rm = (mla_kv_omat){rm.data, 1, rm.rows, 0, rm.rs, rm.is64};
-    if (!rc) rc = mla_kv_launched(dev, mla_cuda_kv_remap_compact(idx, rank, c->desc.block_size, np, &rm, s), "mla_kv_remap_compact");
-  }
+  mla_kv_omat rm;
+  if (!rc) rc = remap_arg(o->remap, dev, &rm);
+  if (!rc)
+    rc = mla_kv_launched(dev, mla_cuda_kv_remap_compact(idx, rank, c->desc.block_size, np, INT64_MAX, &rm, s),
+                         "mla_kv_remap_compact");
   if (!rc) rc = mla_device_sync(dev); /* the scratch goes back to the allocator */
   mla_device_free(dev, buf, scratch);
   return rc;
 }
 
-int mla_kv_compact(const mla_kv_cache *c, int dev, const mla_tensor *indices, int64_t ncols, mla_tensor *rows,
-                   mla_tensor *remap, mla_tensor *pages) {
-  mla_kv_imat idx;
-  if (index_matrix(indices, "indices", dev, &idx)) return -1;
+/* Capacity mode: every step on the stream, no host sync (CUDA-graph safe
+ * once the per-device scratch has its size). The gather runs over all cap
+ * pages; the list's -1 tail leaves their rows untouched. */
+static int compact_cuda_into(const mla_kv_cache *c, int dev, const mla_kv_imat *idx, compact_out *o) {
+  int64_t np = c->view.num_pages;
+  cudaStream_t s;
+  unsigned long long *bad;
+  if (mla_kv_cuda_ctx(dev, &s, &bad)) return -1;
+  int32_t *flags = mla_kv_scratch(dev, 2 * (np ? np : 1) * (int64_t)sizeof(int32_t)), *rank = flags + (np ? np : 1);
+  if (!flags) return -1;
+  int64_t *pages = o->pages->storage->data, *count = o->count->storage->data;
+  mla_kv_rows out;
+  mla_kv_omat rm;
+  if (mla_kv_arg_rows(o->rows, "out", dev, 1, &out) || remap_arg(o->remap, dev, &rm)) return -1;
+  out.cols = o->ncols;
+  int rc = mla_kv_launched(dev, mla_cuda_kv_mark_pages(idx, c->desc.block_size, np, flags, bad, s), "mla_kv_mark_pages");
+  if (!rc)
+    rc = mla_kv_launched(dev, mla_cuda_kv_rank_pages(flags, np, rank, count, pages, o->cap, s), "mla_kv_rank_pages");
+  if (!rc) {
+    mla_kv_ivec pl = {pages, o->cap, 1, 1};
+    rc = mla_kv_launched(dev, mla_cuda_kv_gather_pages(c, &pl, &out, bad, s), "mla_kv_gather_pages");
+  }
+  if (!rc)
+    rc = mla_kv_launched(dev, mla_cuda_kv_remap_compact(idx, rank, c->desc.block_size, np, o->cap, &rm, s),
+                         "mla_kv_remap_compact");
+  return rc;
+}
+
+static int compact_check(const mla_kv_cache *c, int dev, const mla_tensor *indices, mla_kv_imat *idx, int64_t ncols) {
+  if (index_matrix(indices, "indices", dev, idx)) return -1;
   if (ncols < 8 || ncols > c->desc.dim || ncols % 8)
     return mla_err("ncols = %lld must be a multiple of 8 in [8, %d] (the layout's dims)", (long long)ncols, c->desc.dim);
   if (mla_kv_need_tensor_scale(c, "compact")) return -1;
-  if (dev == MLA_CPU) return compact_cpu(c, indices, &idx, ncols, rows, remap, pages);
-  if (mla_device_use(dev)) return -1;
-  return compact_cuda(c, dev, indices, &idx, ncols, rows, remap, pages);
+  if (dev != MLA_CPU && mla_device_use(dev)) return -1;
+  return 0;
+}
+
+int mla_kv_compact(const mla_kv_cache *c, int dev, const mla_tensor *indices, int64_t ncols, mla_tensor *rows,
+                   mla_tensor *remap, mla_tensor *pages) {
+  mla_kv_imat idx;
+  compact_out o = {rows, remap, pages, NULL, 0, ncols};
+  if (compact_check(c, dev, indices, &idx, ncols)) return -1;
+  return dev == MLA_CPU ? compact_cpu(c, indices, &idx, &o) : compact_cuda_exact(c, dev, indices, &idx, &o);
+}
+
+/* The capacity mode's outputs: rows bf16 [>= cap * bs, ncols], pages i64
+ * [cap] contiguous, count i64 [1], remap of the shape of indices. */
+static int into_args(const mla_kv_cache *c, int dev, const mla_tensor *indices, compact_out *o) {
+  mla_kv_rows out;
+  if (mla_kv_arg_rows(o->rows, "out", dev, 1, &out)) return -1;
+  o->ncols = out.cols;
+  if (o->pages->dtype != MLA_I64 || o->pages->ndim != 1 || !mla_tensor_is_contiguous(o->pages))
+    return mla_err("pages must be a contiguous 1-dim i64 tensor (the page list, one entry per page of capacity)");
+  if (mla_kv_same_device(o->pages, "pages", dev)) return -1;
+  o->cap = o->pages->sizes[0];
+  if (out.rows < o->cap * c->desc.block_size)
+    return mla_err("out has %lld rows, fewer than pages' capacity of %lld pages x block size %d", (long long)out.rows,
+                   (long long)o->cap, c->desc.block_size);
+  if (o->count->dtype != MLA_I64 || mla_tensor_numel(o->count) != 1 || !mla_tensor_is_contiguous(o->count))
+    return mla_err("count must be an i64 tensor of 1 element");
+  if (mla_kv_same_device(o->count, "count", dev)) return -1;
+  if (mla_tensor_numel(o->remap) != mla_tensor_numel(indices) || o->remap->ndim != indices->ndim)
+    return mla_err("remap must have the shape of indices (%d dims, %lld elements)", indices->ndim,
+                   (long long)mla_tensor_numel(indices));
+  for (int i = 0; i < indices->ndim; i++)
+    if (o->remap->sizes[i] != indices->sizes[i]) return mla_err("remap must have the shape of indices (dim %d differs)", i);
+  return 0;
+}
+
+int mla_kv_compact_into(const mla_kv_cache *c, int dev, const mla_tensor *indices, mla_tensor *rows, mla_tensor *remap,
+                        mla_tensor *pages, mla_tensor *count) {
+  mla_kv_imat idx;
+  compact_out o = {rows, remap, pages, count, 0, 0};
+  if (into_args(c, dev, indices, &o) || compact_check(c, dev, indices, &idx, o.ncols)) return -1;
+  return dev == MLA_CPU ? compact_cpu(c, indices, &idx, &o) : compact_cuda_into(c, dev, &idx, &o);
 }
 
 /* ---- top-k transforms -------------------------------------------------------- */

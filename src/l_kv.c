@@ -8,6 +8,7 @@
  *   core.kv_gather_raw(desc, pages, scale, block_table, cu_seq_lens, seq_starts|nil, {out per region})
  *   core.kv_requant(src_desc, src_pages, src_scale, dst_desc, dst_pages)
  *   core.kv_compact(desc, pages, scale, indices [, ncols]) -> rows, remap, pages
+ *   core.kv_compact_into(desc, pages, scale, indices, rows, remap, page_list, count)
  *   core.kv_topk_paged(topk, block_table, block_size, token_req|nil, cu_q|nil, out [, lens])
  *   core.kv_topk_ragged(topk, cu_k, token_req|nil, cu_q|nil, out [, lens])
  *   core.kv_take_bad(device) -> skipped out-of-range indices since the last call */
@@ -85,6 +86,15 @@ static int l_kv_compact(lua_State *L) {
   return 3;
 }
 
+static int l_kv_compact_into(lua_State *L) {
+  mla_kv_cache c;
+  int dev = check_cache(L, 1, &c);
+  if (mla_kv_compact_into(&c, dev, mla_check_tensor(L, 4), mla_check_tensor(L, 5), mla_check_tensor(L, 6),
+                          mla_check_tensor(L, 7), mla_check_tensor(L, 8)))
+    return mla_lua_errorf(L, "kv_compact_into");
+  return 0;
+}
+
 static int l_kv_topk_paged(lua_State *L) {
   mla_tensor *topk = mla_check_tensor(L, 1);
   lua_Integer bs = luaL_checkinteger(L, 3);
@@ -126,6 +136,7 @@ MLA_LUA_MODULE(kv) {
   static const luaL_Reg fns[] = {{"kv_write", l_kv_write}, {"kv_gather_sparse", l_kv_gather_sparse},
                                  {"kv_gather_dense", l_kv_gather_dense}, {"kv_gather_raw", l_kv_gather_raw},
                                  {"kv_requant", l_kv_requant}, {"kv_compact", l_kv_compact},
+                                 {"kv_compact_into", l_kv_compact_into},
                                  {"kv_topk_paged", l_kv_topk_paged}, {"kv_topk_ragged", l_kv_topk_ragged},
                                  {"kv_take_bad", l_kv_take_bad}, {"kv_specialize", l_kv_specialize},
                                  {"kv_last_variant", l_kv_last_variant}, {NULL, NULL}};

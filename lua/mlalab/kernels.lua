@@ -23,6 +23,9 @@ local core = mla.core
 
 local M = {}
 
+-- A Lua error naming the operation, raised at its caller.
+local function fail(fn, fmt, ...) error(fn .. ": " .. string.format(fmt, ...), 3) end
+
 -- A packed mla_layout_desc always holds zero bytes; layout names never do.
 local function is_packed(s) return type(s) == "string" and s:find("\0", 1, true) ~= nil end
 
@@ -188,15 +191,49 @@ function M.requant(src, dst, opts)
   after(opts, sp.device)
 end
 
---- compact(cache, indices, opts) -> rows, remap, pages: dequantizes only the
--- pages that indices >= 0 refer to (rows = bf16 [#pages * bs, ncols], pages
--- ascending), and renumbers indices into those rows (-1 kept). Shapes depend
--- on index values: synchronizes, not CUDA-graph safe (vLLM #42248's design).
+--- compact(cache, indices, opts) -> rows, remap, pages [, count]: dequantizes
+-- only the pages that indices >= 0 refer to (rows = bf16 [#pages * bs, ncols],
+-- pages ascending), and renumbers indices into those rows (-1 kept).
+-- Two designs (vLLM #42248's compaction):
+--  * exact outputs (no opts.out): shapes depend on index values, so the page
+--    count is read back (a host sync): not CUDA-graph safe.
+--  * capacity mode (opts.out = bf16 [>= cap * bs, ncols]): no sync. opts.pages
+--    (i64 [cap], allocated from out's rows if absent) sets the capacity;
+--    opts.remap, opts.count (i64 [1]) are optional. The list holds -1 past the
+--    count, rows past it are untouched; count is the true number of pages.
+--    opts.check ~= false reads count back and raises when it exceeds the
+--    capacity (and on out-of-range indices); with check = false nothing syncs
+--    (kernels.check(device) and count:item() later).
 function M.compact(c, indices, opts)
   opts = opts or {}
   local desc, pages, scale = M.cache_args(c, "compact")
-  local rows, remap, pg = core.kv_compact(desc, pages, scale, idx_tensor("compact", indices, "indices", pages.device), opts.ncols)
-  return rows, remap, pg
+  local dev = pages.device
+  local idx = idx_tensor("compact", indices, "indices", dev)
+  if opts.out == nil then
+    if opts.pages or opts.remap or opts.count then
+      fail("compact", "pages, remap and count outputs need out (the rows buffer of the capacity mode)")
+    end
+    return core.kv_compact(desc, pages, scale, idx, opts.ncols)
+  end
+  local out = opts.out
+  if not mla.is_tensor(out) or out:dim() ~= 2 then fail("compact", "out must be a bf16 tensor [rows, ncols]") end
+  if opts.ncols and opts.ncols ~= out:size(1) then
+    fail("compact", "ncols = %d but out has %d columns", opts.ncols, out:size(1))
+  end
+  local bs = core.layout_unpack(desc).block_size
+  local pg = opts.pages or mla.empty({ out:size(0) // bs }, "i64", dev)
+  local remap = opts.remap or mla.empty(idx:size(), idx.dtype, dev)
+  local count = opts.count or mla.empty({ 1 }, "i64", dev)
+  core.kv_compact_into(desc, pages, scale, idx, out, remap, pg, count)
+  if opts.check ~= false then
+    M.check(dev)
+    local n, cap = math.tointeger(count:item()), pg:numel()
+    if n > cap then
+      fail("compact", "indices refer to %d pages but the capacity is %d (pages has %d entries; out holds %d rows of "
+        .. "block size %d): the outputs hold only the first %d", n, cap, cap, out:size(0), bs, cap)
+    end
+  end
+  return out, remap, pg, count
 end
 
 --- gather_referenced(cache, indices, opts) -> rows [indices:numel(), ncols], remap:

@@ -79,7 +79,8 @@ struct PagesSrc {
     int64_t j = row / bs_;
     page = ivec_at(pages, j);
     t = row - j * bs_;
-    if (page < 0 || page >= num_pages) {
+    if (page < 0) return false; // the -1 tail of a capacity-mode list: rows untouched
+    if (page >= num_pages) {
       count_bad(bad);
       return false;
     }

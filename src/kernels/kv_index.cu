@@ -380,8 +380,10 @@ constexpr int kScanThreads = 1024;
 
 // Exclusive prefix sum of flags by one block: each thread sums a contiguous
 // run, the block scans the run totals, each thread then writes its run.
+// pages (may be NULL): the page list written here too, entries past cap
+// dropped and [count, cap) set to -1 (the capacity mode: no host sync).
 __global__ void __launch_bounds__(kScanThreads) rank_kernel(const int32_t *flags, int64_t n, int32_t *rank,
-                                                            int64_t *count) {
+                                                            int64_t *count, int64_t *pages, int64_t cap) {
   __shared__ int64_t part[kScanThreads];
   int64_t per = (n + kScanThreads - 1) / kScanThreads;
   int64_t lo = threadIdx.x * per, hi = lo + per < n ? lo + per : n;
@@ -398,9 +400,13 @@ __global__ void __launch_bounds__(kScanThreads) rank_kernel(const int32_t *flags
   int64_t run = part[threadIdx.x] - sum;
   for (int64_t i = lo; i < hi; i++) {
     rank[i] = (int32_t)run;
+    if (pages && flags[i] && run < cap) pages[run] = i;
     run += flags[i];
   }
-  if (threadIdx.x == kScanThreads - 1) *count = part[threadIdx.x];
+  const int64_t total = part[kScanThreads - 1];
+  if (pages)
+    for (int64_t j = total + threadIdx.x; j < cap; j += kScanThreads) pages[j] = -1;
+  if (threadIdx.x == kScanThreads - 1) *count = total;
 }
 
 __global__ void list_kernel(const int32_t *flags, const int32_t *rank, int64_t n, int64_t *pages) {
@@ -409,14 +415,14 @@ __global__ void list_kernel(const int32_t *flags, const int32_t *rank, int64_t n
 }
 
 __global__ void remap_kernel(const mla_kv_imat idx, const int32_t *rank, int64_t bs, int64_t num_pages,
-                             const mla_kv_omat out) {
+                             int64_t cap, const mla_kv_omat out) {
   int64_t n = idx.rows * idx.cols;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     int64_t r = i / idx.cols, c = i - r * idx.cols;
     int64_t v = imat_at(idx, r, c), o = -1;
     if (v >= 0) {
       int64_t page = v / bs;
-      if (page < num_pages) o = (int64_t)rank[page] * bs + (v - page * bs);
+      if (page < num_pages && rank[page] < cap) o = (int64_t)rank[page] * bs + (v - page * bs);
     }
     omat_set(out, r, c, o);
   }
@@ -461,8 +467,8 @@ extern "C" cudaError_t mla_cuda_kv_mark_pages(const mla_kv_imat *idx, int64_t bl
 }
 
 extern "C" cudaError_t mla_cuda_kv_rank_pages(const int32_t *flags, int64_t num_pages, int32_t *rank, int64_t *count,
-                                              cudaStream_t s) {
-  rank_kernel<<<1, kScanThreads, 0, s>>>(flags, num_pages, rank, count);
+                                              int64_t *pages, int64_t cap, cudaStream_t s) {
+  rank_kernel<<<1, kScanThreads, 0, s>>>(flags, num_pages, rank, count, pages, cap);
   return cudaGetLastError();
 }
 
@@ -474,9 +480,10 @@ extern "C" cudaError_t mla_cuda_kv_list_pages(const int32_t *flags, const int32_
 }
 
 extern "C" cudaError_t mla_cuda_kv_remap_compact(const mla_kv_imat *idx, const int32_t *rank, int64_t block_size,
-                                                 int64_t num_pages, const mla_kv_omat *out, cudaStream_t s) {
+                                                 int64_t num_pages, int64_t cap, const mla_kv_omat *out,
+                                                 cudaStream_t s) {
   int64_t n = idx->rows * idx->cols;
   if (n == 0) return cudaSuccess;
-  remap_kernel<<<elementwise_grid(n), kThreads, 0, s>>>(*idx, rank, block_size, num_pages, *out);
+  remap_kernel<<<elementwise_grid(n), kThreads, 0, s>>>(*idx, rank, block_size, num_pages, cap, *out);
   return cudaGetLastError();
 }

@@ -64,15 +64,17 @@ cudaError_t mla_cuda_kv_requant(const mla_kv_cache *src, const mla_kv_cache *dst
 /* Compaction of referenced pages: flags[p] = 1 for every page an index >= 0
  * refers to (flags zeroed here first); rank = exclusive prefix sum of flags,
  * *count = total, pages[rank[p]] = p for flagged p; remap of the indices
- * into the compact numbering (rank[page] * bs + offset, -1 kept). */
+ * into the compact numbering (rank[page] * bs + offset, -1 kept).
+ * Capacity mode: rank_pages also lists the pages (pages != NULL, those of
+ * rank >= cap dropped, [count, cap) = -1) and remap gives -1 for ranks >= cap. */
 cudaError_t mla_cuda_kv_mark_pages(const mla_kv_imat *idx, int64_t block_size, int64_t num_pages, int32_t *flags,
                                    unsigned long long *bad, cudaStream_t s);
 cudaError_t mla_cuda_kv_rank_pages(const int32_t *flags, int64_t num_pages, int32_t *rank, int64_t *count,
-                                   cudaStream_t s);
+                                   int64_t *pages, int64_t cap, cudaStream_t s);
 cudaError_t mla_cuda_kv_list_pages(const int32_t *flags, const int32_t *rank, int64_t num_pages, int64_t *pages,
                                    cudaStream_t s);
 cudaError_t mla_cuda_kv_remap_compact(const mla_kv_imat *idx, const int32_t *rank, int64_t block_size,
-                                      int64_t num_pages, const mla_kv_omat *out, cudaStream_t s);
+                                      int64_t num_pages, int64_t cap, const mla_kv_omat *out, cudaStream_t s);
 
 /* Top-k transforms, row t of topk [T, K] (request of t from req):
  * PAGED  out = idx < 0 ? -1 : block_table[r, idx / bs] * bs + idx % bs

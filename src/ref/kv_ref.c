@@ -205,17 +205,20 @@ int mla_ref_kv_rank_pages(const mla_kv_imat *idx, int64_t block_size, int64_t nu
   return 0;
 }
 
-void mla_ref_kv_list_pages(const int32_t *flags, const int32_t *rank, int64_t num_pages, int64_t *pages) {
+void mla_ref_kv_list_pages(const int32_t *flags, const int32_t *rank, int64_t num_pages, int64_t count, int64_t cap,
+                           int64_t *pages) {
   for (int64_t p = 0; p < num_pages; p++)
-    if (flags[p]) pages[rank[p]] = p;
+    if (flags[p] && rank[p] < cap) pages[rank[p]] = p;
+  for (int64_t j = count; j < cap; j++) pages[j] = -1;
 }
 
 void mla_ref_kv_remap_compact(const mla_kv_imat *idx, const int32_t *rank, int64_t block_size, int64_t num_pages,
-                              const mla_kv_omat *out) {
+                              int64_t cap, const mla_kv_omat *out) {
   for (int64_t r = 0; r < idx->rows; r++)
     for (int64_t c = 0; c < idx->cols; c++) {
       int64_t v = imat_at(idx, r, c), o = -1;
-      if (v >= 0 && v / block_size < num_pages) o = (int64_t)rank[v / block_size] * block_size + v % block_size;
+      if (v >= 0 && v / block_size < num_pages && rank[v / block_size] < cap)
+        o = (int64_t)rank[v / block_size] * block_size + v % block_size;
       omat_set(out, r, c, o);
     }
 }

@@ -21,12 +21,15 @@ int mla_ref_kv_gather_raw(const mla_kv_cache *c, const mla_kv_dense *g, unsigned
                           const int64_t *out_stride, int64_t rows);
 int mla_ref_kv_requant(const mla_kv_cache *src, const mla_kv_cache *dst);
 
-/* Compaction: flags / rank over num_pages, *count referenced pages. */
+/* Compaction: flags / rank over num_pages, *count referenced pages. The
+ * list holds the pages of rank < cap, then -1 up to cap; remap gives -1 for
+ * pages of rank >= cap (cap = count: everything, the exact-size outputs). */
 int mla_ref_kv_rank_pages(const mla_kv_imat *idx, int64_t block_size, int64_t num_pages, int32_t *flags,
                           int32_t *rank, int64_t *count);
-void mla_ref_kv_list_pages(const int32_t *flags, const int32_t *rank, int64_t num_pages, int64_t *pages);
+void mla_ref_kv_list_pages(const int32_t *flags, const int32_t *rank, int64_t num_pages, int64_t count, int64_t cap,
+                           int64_t *pages);
 void mla_ref_kv_remap_compact(const mla_kv_imat *idx, const int32_t *rank, int64_t block_size, int64_t num_pages,
-                              const mla_kv_omat *out);
+                              int64_t cap, const mla_kv_omat *out);
 
 int mla_ref_kv_topk_paged(const mla_kv_imat *topk, const mla_kv_token_req *req, const mla_kv_imat *block_table,
                           int64_t block_size, const mla_kv_omat *out, const mla_kv_omat *lens);
