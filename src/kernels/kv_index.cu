@@ -1,5 +1,6 @@
 // Index kernels: top-k transforms (PAGED, RAGGED) and the compaction of
 // referenced pages (mark, rank, list, remap).
+#include <cub/block/block_scan.cuh>
 #include "kv_common.cuh"
 
 namespace {
@@ -376,37 +377,43 @@ __global__ void mark_kernel(const mla_kv_imat idx, int64_t bs, int64_t num_pages
   }
 }
 
-constexpr int kScanThreads = 1024;
+constexpr int kScanThreads = 1024, kScanItems = 16;
 
-// Exclusive prefix sum of flags by one block: each thread sums a contiguous
-// run, the block scans the run totals, each thread then writes its run.
+// Exclusive prefix sum of flags by one block, in tiles of kScanThreads x
+// kScanItems consecutive flags (each thread's items contiguous, loaded at
+// once; cub::BlockScan across the threads, the running total carried).
 // pages (may be NULL): the page list written here too, entries past cap
 // dropped and [count, cap) set to -1 (the capacity mode: no host sync).
 __global__ void __launch_bounds__(kScanThreads) rank_kernel(const int32_t *flags, int64_t n, int32_t *rank,
                                                             int64_t *count, int64_t *pages, int64_t cap) {
-  __shared__ int64_t part[kScanThreads];
-  int64_t per = (n + kScanThreads - 1) / kScanThreads;
-  int64_t lo = threadIdx.x * per, hi = lo + per < n ? lo + per : n;
-  int64_t sum = 0;
-  for (int64_t i = lo; i < hi; i++) sum += flags[i];
-  part[threadIdx.x] = sum;
-  __syncthreads();
-  for (int off = 1; off < kScanThreads; off <<= 1) { // Hillis-Steele inclusive scan
-    int64_t v = threadIdx.x >= off ? part[threadIdx.x - off] : 0;
-    __syncthreads();
-    part[threadIdx.x] += v;
-    __syncthreads();
+  using Scan = cub::BlockScan<int, kScanThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  int64_t done = 0; // referenced pages before this tile
+  for (int64_t base = 0; base < n; base += (int64_t)kScanThreads * kScanItems) {
+    const int64_t lo = base + (int64_t)threadIdx.x * kScanItems;
+    int f[kScanItems], sum = 0;
+#pragma unroll
+    for (int k = 0; k < kScanItems; k++) {
+      f[k] = lo + k < n ? flags[lo + k] : 0;
+      sum += f[k];
+    }
+    int excl, total;
+    Scan(tmp).ExclusiveSum(sum, excl, total);
+    int64_t run = done + excl;
+#pragma unroll
+    for (int k = 0; k < kScanItems; k++) {
+      if (lo + k < n) {
+        rank[lo + k] = (int32_t)run;
+        if (pages && f[k] && run < cap) pages[run] = lo + k;
+      }
+      run += f[k];
+    }
+    done += total;
+    __syncthreads(); // tmp is reused by the next tile
   }
-  int64_t run = part[threadIdx.x] - sum;
-  for (int64_t i = lo; i < hi; i++) {
-    rank[i] = (int32_t)run;
-    if (pages && flags[i] && run < cap) pages[run] = i;
-    run += flags[i];
-  }
-  const int64_t total = part[kScanThreads - 1];
   if (pages)
-    for (int64_t j = total + threadIdx.x; j < cap; j += kScanThreads) pages[j] = -1;
-  if (threadIdx.x == kScanThreads - 1) *count = total;
+    for (int64_t j = done + threadIdx.x; j < cap; j += kScanThreads) pages[j] = -1;
+  if (threadIdx.x == 0) *count = done;
 }
 
 __global__ void list_kernel(const int32_t *flags, const int32_t *rank, int64_t n, int64_t *pages) {
