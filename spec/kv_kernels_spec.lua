@@ -691,6 +691,41 @@ describe("baked kernels vs CPU references #gpu", function()
     end
   end)
 
+  it("compaction over more pages than one rank tile (9000 pages), strided and 1-dim indices, short capacity", function()
+    rng(450)
+    local L, bs, nb = mla.layout.get("fp8_ds_mla"), 2, 9000
+    local v = pool(L, nb, bs, "cpu")
+    fill_pool(v, 6000)
+    local g = gpu_twin(v, "contiguous")
+    -- 4000 x 3 indices taken from a 4000 x 5 tensor: rows not packed (the division path)
+    local wide = mla.rand({ 4000, 5 }, { lo = 0, hi = nb * bs, dtype = "i64" })
+    wide:narrow(1, 2, 1):fill(-1)
+    local idx = wide:narrow(1, 1, 3)
+    local r1, m1, p1 = K.compact(v, idx)
+    local n = p1:numel()
+    assert.is_true(n > 4096, "one rank tile would cover it: " .. n)
+    local r2, m2, p2 = K.compact(g, idx:cuda())
+    assert_bytes(r2:cpu(), r1, "exact rows")
+    assert.same(m1:totable(), m2:cpu():totable())
+    assert.same(p1:totable(), p2:cpu():totable())
+    -- capacity 100 pages short, no sync; the CPU's capacity mode is the reference
+    local cap = n - 100
+    local oc = { out = mla.empty({ cap * bs, L.dim }, "bf16", "cpu"), check = false }
+    local og = { out = mla.empty({ cap * bs, L.dim }, "bf16", "cuda"), check = false }
+    local r3, m3, p3, c3 = K.compact(v, idx, oc)
+    local r4, m4, p4, c4 = K.compact(g, idx:cuda(), og)
+    assert.equal(n, c3:item())
+    assert.equal(n, c4:item())
+    assert_bytes(r4:cpu(), r3, "capacity rows")
+    assert.same(m3:totable(), m4:cpu():totable())
+    assert.same(p3:totable(), p4:cpu():totable())
+    -- 1-dim indices (one row)
+    local flat = idx:contiguous():reshape({ 12000 })
+    local _, m5 = K.compact(v, flat)
+    local _, m6 = K.compact(g, flat:cuda())
+    assert.same(m5:totable(), m6:cpu():totable())
+  end)
+
   it("top-k PAGED and RAGGED identical to the CPU for decode and prefill, with lens", function()
     rng(500)
     local q_lens, kv_lens, bs = { 3, 1, 0, 5, 2 }, { 40, 7, 3, 130, 64 }, 16

@@ -1,6 +1,8 @@
 // Index kernels: top-k transforms (PAGED, RAGGED) and the compaction of
 // referenced pages (mark, rank, list, remap).
+#include <cub/block/block_load.cuh>
 #include <cub/block/block_scan.cuh>
+#include <cub/block/block_store.cuh>
 #include "kv_common.cuh"
 
 namespace {
@@ -364,52 +366,71 @@ bool launch_topk32(const mla_kv_imat *topk, const mla_kv_token_req *req, const m
 
 // ---- compaction ----
 
+// Element offset of flat index i of an index matrix: one multiply for one row
+// or packed rows (rs = cols x cs, e.g. any contiguous tensor), else the row /
+// column split (a 64-bit division).
+__device__ __forceinline__ int64_t flat_offset(int64_t i, int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  if (rows == 1 || rs == cols * cs) return i * cs;
+  const int64_t r = i / cols;
+  return r * rs + (i - r * cols) * cs;
+}
+
+// flags[page] = 1 for each index's page. Random indices hit each page many
+// times: a flag already seen set is not stored again (a stale 0 in L1 only
+// costs a redundant store), which keeps the stores to the few flag lines from
+// queueing at L2.
 __global__ void mark_kernel(const mla_kv_imat idx, int64_t bs, int64_t num_pages, int32_t *flags,
                             unsigned long long *bad) {
-  int64_t n = idx.rows * idx.cols;
+  const int64_t n = idx.rows * idx.cols;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = i / idx.cols, c = i - r * idx.cols;
-    int64_t v = imat_at(idx, r, c);
+    const int64_t v = ld_idx(idx.data, flat_offset(i, idx.rows, idx.cols, idx.rs, idx.cs), idx.is64);
     if (v < 0) continue;
-    int64_t page = v / bs;
+    const int64_t page = v / bs;
     if (page >= num_pages) count_bad(bad);
-    else flags[page] = 1;
+    else if (flags[page] == 0) flags[page] = 1;
   }
 }
 
-constexpr int kScanThreads = 1024, kScanItems = 16;
+constexpr int kScanThreads = 1024, kScanItems = 4, kScanTile = kScanThreads * kScanItems;
 
-// Exclusive prefix sum of flags by one block, in tiles of kScanThreads x
-// kScanItems consecutive flags (each thread's items contiguous, loaded at
-// once; cub::BlockScan across the threads, the running total carried).
-// pages (may be NULL): the page list written here too, entries past cap
-// dropped and [count, cap) set to -1 (the capacity mode: no host sync).
+// Exclusive prefix sum of flags by one block, tile by tile (kScanItems
+// consecutive flags per thread, loaded and stored through warp transposes so
+// global accesses are coalesced; the running total carried across tiles).
+// pages (may be NULL): the page list too, gathered per tile in shared memory
+// and written out contiguously; entries past cap dropped, [count, cap) = -1
+// (the capacity mode: no host sync).
 __global__ void __launch_bounds__(kScanThreads) rank_kernel(const int32_t *flags, int64_t n, int32_t *rank,
                                                             int64_t *count, int64_t *pages, int64_t cap) {
+  using Load = cub::BlockLoad<int, kScanThreads, kScanItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
+  using Store = cub::BlockStore<int, kScanThreads, kScanItems, cub::BLOCK_STORE_WARP_TRANSPOSE>;
   using Scan = cub::BlockScan<int, kScanThreads>;
-  __shared__ typename Scan::TempStorage tmp;
-  int64_t done = 0; // referenced pages before this tile
-  for (int64_t base = 0; base < n; base += (int64_t)kScanThreads * kScanItems) {
-    const int64_t lo = base + (int64_t)threadIdx.x * kScanItems;
-    int f[kScanItems], sum = 0;
+  __shared__ union {
+    typename Load::TempStorage load;
+    typename Store::TempStorage store;
+    typename Scan::TempStorage scan;
+  } tmp;
+  __shared__ int listed[kScanTile]; // this tile's referenced pages, in order
+  int64_t done = 0;                 // referenced pages before this tile
+  for (int64_t base = 0; base < n; base += kScanTile) {
+    const int valid = n - base < kScanTile ? (int)(n - base) : kScanTile;
+    int f[kScanItems], r[kScanItems], total;
+    Load(tmp.load).Load(flags + base, f, valid, 0);
+    __syncthreads();
+    Scan(tmp.scan).ExclusiveSum(f, r, total);
+    __syncthreads();
+    if (pages) {
 #pragma unroll
-    for (int k = 0; k < kScanItems; k++) {
-      f[k] = lo + k < n ? flags[lo + k] : 0;
-      sum += f[k];
+      for (int k = 0; k < kScanItems; k++)
+        if (f[k]) listed[r[k]] = (int)(base + threadIdx.x * kScanItems + k);
     }
-    int excl, total;
-    Scan(tmp).ExclusiveSum(sum, excl, total);
-    int64_t run = done + excl;
 #pragma unroll
-    for (int k = 0; k < kScanItems; k++) {
-      if (lo + k < n) {
-        rank[lo + k] = (int32_t)run;
-        if (pages && f[k] && run < cap) pages[run] = lo + k;
-      }
-      run += f[k];
-    }
+    for (int k = 0; k < kScanItems; k++) r[k] += (int)done;
+    Store(tmp.store).Store(rank + base, r, valid);
+    __syncthreads();
+    if (pages)
+      for (int j = threadIdx.x; j < total && done + j < cap; j += kScanThreads) pages[done + j] = listed[j];
     done += total;
-    __syncthreads(); // tmp is reused by the next tile
+    __syncthreads(); // listed and tmp are reused by the next tile
   }
   if (pages)
     for (int64_t j = done + threadIdx.x; j < cap; j += kScanThreads) pages[j] = -1;
@@ -423,15 +444,17 @@ __global__ void list_kernel(const int32_t *flags, const int32_t *rank, int64_t n
 
 __global__ void remap_kernel(const mla_kv_imat idx, const int32_t *rank, int64_t bs, int64_t num_pages,
                              int64_t cap, const mla_kv_omat out) {
-  int64_t n = idx.rows * idx.cols;
+  const int64_t n = idx.rows * idx.cols;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    int64_t r = i / idx.cols, c = i - r * idx.cols;
-    int64_t v = imat_at(idx, r, c), o = -1;
+    const int64_t v = ld_idx(idx.data, flat_offset(i, idx.rows, idx.cols, idx.rs, idx.cs), idx.is64);
+    int64_t o = -1;
     if (v >= 0) {
-      int64_t page = v / bs;
+      const int64_t page = v / bs;
       if (page < num_pages && rank[page] < cap) o = (int64_t)rank[page] * bs + (v - page * bs);
     }
-    omat_set(out, r, c, o);
+    const int64_t e = flat_offset(i, out.rows, out.cols, out.rs, out.cs);
+    if (out.is64) ((long long *)out.data)[e] = o;
+    else ((int *)out.data)[e] = (int)o;
   }
 }
 

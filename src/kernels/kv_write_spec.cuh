@@ -36,17 +36,7 @@ MLA_BUILTIN_LAYOUTS(MLA_BUILTIN_SPEC)
 // ---- compile-time geometry -------------------------------------------------------------
 
 template <class L> constexpr int nch() { return L::host.dim / 8; }
-#ifndef MLALAB_KV_WRITE_E2M1_LPT
-#define MLALAB_KV_WRITE_E2M1_LPT 8
-#endif
-template <class L> constexpr bool has_e2m1() {
-  for (int f = 0; f < L::host.nfields && f < MLA_LAYOUT_MAX_FIELDS; f++)
-    if (L::host.fields[f].role == MLA_FIELD_DATA && L::host.fields[f].dtype == MLA_E2M1) return true;
-  return false;
-}
-template <class L> constexpr int lpt() {
-  return nch<L>() >= 64 ? (has_e2m1<L>() ? MLALAB_KV_WRITE_E2M1_LPT : 8) : 4;
-}
+template <class L> constexpr int lpt() { return nch<L>() >= 64 ? 8 : 4; }
 template <class L> constexpr int nslots() { return nch<L>() / lpt<L>(); }
 
 constexpr int chunk_bytes_of(int dtype) { return dtype == MLA_E2M1 ? 4 : dtype == MLA_E4M3 ? 8 : 16; }
