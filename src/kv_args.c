@@ -123,6 +123,34 @@ void *mla_kv_scratch(int dev, int64_t bytes) {
   return scratch[dev];
 }
 
+static struct {
+  cudaStream_t stream;
+  cudaEvent_t fork, join;
+} sides[MLA_KV_MAX_DEVICES];
+
+int mla_kv_side_stream(int dev, cudaStream_t *side, cudaEvent_t *fork, cudaEvent_t *join) {
+  if (dev < 0 || dev >= MLA_KV_MAX_DEVICES)
+    return mla_err("device %d: at most %d devices are supported", dev, MLA_KV_MAX_DEVICES);
+  if (!sides[dev].stream) {
+    cudaStream_t st;
+    cudaEvent_t a, b;
+    if (mla_cuda_check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate (side stream)"))
+      return -1;
+    if (mla_cuda_check(cudaEventCreateWithFlags(&a, cudaEventDisableTiming), "cudaEventCreate")) {
+      cudaStreamDestroy(st);
+      return -1;
+    }
+    if (mla_cuda_check(cudaEventCreateWithFlags(&b, cudaEventDisableTiming), "cudaEventCreate")) {
+      cudaEventDestroy(a);
+      cudaStreamDestroy(st);
+      return -1;
+    }
+    sides[dev].stream = st, sides[dev].fork = a, sides[dev].join = b;
+  }
+  *side = sides[dev].stream, *fork = sides[dev].fork, *join = sides[dev].join;
+  return 0;
+}
+
 int mla_kv_need_tensor_scale(const mla_kv_cache *c, const char *what) {
   if (mla_layout_has_tensor_scale(&c->desc) && !c->view.tensor_scale)
     return mla_err("%s: the layout stores fields under a per-tensor scale; pass tensor_scale (an f32 tensor of 1 element)",

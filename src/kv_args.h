@@ -38,5 +38,9 @@ unsigned long long *mla_kv_bad_counter(int dev);
  * shrunk: a captured CUDA graph keeps its address until a larger one is
  * asked for); NULL with an error if it cannot be allocated. */
 void *mla_kv_scratch(int dev, int64_t bytes);
+/* A second stream of dev, with a fork and a join event, for independent work
+ * that overlaps the main stream's (recorded and waited on like any stream
+ * work, so CUDA-graph capture follows the fork and the join). */
+int mla_kv_side_stream(int dev, cudaStream_t *side, cudaEvent_t *fork, cudaEvent_t *join);
 
 #endif

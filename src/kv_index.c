@@ -135,13 +135,22 @@ static int compact_cuda_into(const mla_kv_cache *c, int dev, const mla_kv_imat *
   int rc = mla_kv_launched(dev, mla_cuda_kv_mark_pages(idx, c->desc.block_size, np, flags, bad, s), "mla_kv_mark_pages");
   if (!rc)
     rc = mla_kv_launched(dev, mla_cuda_kv_rank_pages(flags, np, rank, count, pages, o->cap, s), "mla_kv_rank_pages");
+  /* the remap needs only the ranks: it runs on the side stream, beside the
+   * page gather (both read what rank wrote, neither writes what the other reads) */
+  cudaStream_t side;
+  cudaEvent_t fork, join;
+  if (!rc) rc = mla_kv_side_stream(dev, &side, &fork, &join);
+  if (!rc) rc = mla_cuda_check(cudaEventRecord(fork, s), "cudaEventRecord");
+  if (!rc) rc = mla_cuda_check(cudaStreamWaitEvent(side, fork, 0), "cudaStreamWaitEvent");
+  if (!rc)
+    rc = mla_kv_launched(dev, mla_cuda_kv_remap_compact(idx, rank, c->desc.block_size, np, o->cap, &rm, side),
+                         "mla_kv_remap_compact");
+  if (!rc) rc = mla_cuda_check(cudaEventRecord(join, side), "cudaEventRecord");
   if (!rc) {
     mla_kv_ivec pl = {pages, o->cap, 1, 1};
     rc = mla_kv_launched(dev, mla_cuda_kv_gather_pages(c, &pl, &out, bad, s), "mla_kv_gather_pages");
   }
-  if (!rc)
-    rc = mla_kv_launched(dev, mla_cuda_kv_remap_compact(idx, rank, c->desc.block_size, np, o->cap, &rm, s),
-                         "mla_kv_remap_compact");
+  if (!rc) rc = mla_cuda_check(cudaStreamWaitEvent(s, join, 0), "cudaStreamWaitEvent");
   return rc;
 }
 

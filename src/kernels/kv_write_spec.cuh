@@ -337,18 +337,6 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
   for (int u = 0; u < UT; u++) next[u] = load_slot(warp, u);
 #pragma unroll 1
   for (int64_t tile = warp; tile < ntiles; tile += nwarps) {
-    // the next tile's source rows into L2 (one 128-byte line per lane and
-    // step; no registers held): its loads then wait for L2, not DRAM
-#pragma unroll
-    for (int u = 0; u < UT; u++) {
-      const int64_t t = (tile + nwarps) * per_tile + u * TPW + grp;
-      if (tile + nwarps < ntiles && t < A.n) {
-        const unsigned char *ar = A.a + t * A.a_stride, *br = A.b + t * A.b_stride;
-#pragma unroll
-        for (int c = 8 * sub; c < nch<L>(); c += 8 * P)
-          asm volatile("prefetch.global.L2 [%0];" ::"l"((c < A.splitc ? ar : br) + 16 * c));
-      }
-    }
     int64_t tok[UT], slotv[UT];
     int state[UT]; // 1 write, 0 nothing, -1 slot past the cache
     unsigned char *pg[UT];
