@@ -402,7 +402,8 @@ __global__ void mark_shared_kernel(const mla_kv_imat idx, int64_t bs, int64_t nu
 #pragma unroll
     for (int k = 0; k < kMarkBatch; k++) {
       if (v[k] < 0) continue;
-      const int64_t page = v[k] / bs;
+      int64_t page, t;
+      split_slot(v[k], (int)bs, page, t); // 32-bit division below 2^31
       if (page >= num_pages) count_bad(bad);
       else seen[page] = 1;
     }
@@ -420,7 +421,8 @@ __global__ void mark_kernel(const mla_kv_imat idx, int64_t bs, int64_t num_pages
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
     const int64_t v = ld_idx(idx.data, flat_offset(i, idx.rows, idx.cols, idx.rs, idx.cs), idx.is64);
     if (v < 0) continue;
-    const int64_t page = v / bs;
+    int64_t page, t;
+    split_slot(v, (int)bs, page, t);
     if (page >= num_pages) count_bad(bad);
     else flags[page] = 1;
   }
@@ -485,8 +487,9 @@ __global__ void remap_kernel(const mla_kv_imat idx, const int32_t *rank, int64_t
     const int64_t v = ld_idx(idx.data, flat_offset(i, idx.rows, idx.cols, idx.rs, idx.cs), idx.is64);
     int64_t o = -1;
     if (v >= 0) {
-      const int64_t page = v / bs;
-      if (page < num_pages && rank[page] < cap) o = (int64_t)rank[page] * bs + (v - page * bs);
+      int64_t page, t;
+      split_slot(v, (int)bs, page, t);
+      if (page < num_pages && rank[page] < cap) o = (int64_t)rank[page] * bs + t;
     }
     const int64_t e = flat_offset(i, out.rows, out.cols, out.rs, out.cs);
     if (out.is64) ((long long *)out.data)[e] = o;
@@ -529,9 +532,9 @@ extern "C" cudaError_t mla_cuda_kv_mark_pages(const mla_kv_imat *idx, int64_t bl
   int64_t n = idx->rows * idx->cols;
   if (n == 0) return cudaSuccess;
   if (num_pages <= kMarkSharedPages) {
-    // ~2048 indices per block: enough blocks to read the indices at full
+    // ~1024 indices per block: enough blocks to read the indices at full
     // rate, few enough that the page-ordered flag stores stay cheap
-    int64_t g = (n + 2047) / 2048;
+    int64_t g = (n + 1023) / 1024;
     if (g > 264) g = 264;
     mark_shared_kernel<<<(int)g, kThreads, (size_t)num_pages, s>>>(*idx, block_size, num_pages, flags, bad);
   } else {
