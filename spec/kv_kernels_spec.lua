@@ -734,6 +734,20 @@ describe("baked kernels vs CPU references #gpu", function()
     assert_bytes(b2:cpu(), b1, "rows, 50000-page pool")
     assert.same(q1:totable(), q2:cpu():totable())
     assert.same(s1:totable(), s2:cpu():totable())
+    -- capacity mode there (separate marking and ranking; the scratch grows),
+    -- then the 9000-page pool again on the same scratch, twice: identical
+    local b3, q3, s3, n3 = K.compact(gb, ib:cuda(), { out = mla.empty({ s1:numel(), L.dim }, "bf16", "cuda") })
+    assert.equal(s1:numel(), n3:item())
+    assert_bytes(b3:cpu(), b1, "capacity rows, 50000-page pool")
+    assert.same(q1:totable(), q3:cpu():totable())
+    assert.same(s1:totable(), s3:cpu():totable())
+    for _ = 1, 2 do
+      local r5, m5b, p5, c5 = K.compact(g, idx:cuda(), og)
+      assert.equal(n, c5:item())
+      assert_bytes(r5:cpu(), r3, "capacity rows, again")
+      assert.same(m3:totable(), m5b:cpu():totable())
+      assert.same(p3:totable(), p5:cpu():totable())
+    end
   end)
 
   it("top-k PAGED and RAGGED identical to the CPU for decode and prefill, with lens", function()

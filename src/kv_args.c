@@ -108,7 +108,7 @@ unsigned long long *mla_kv_bad_counter(int dev) {
 static void *scratch[MLA_KV_MAX_DEVICES];
 static int64_t scratch_bytes[MLA_KV_MAX_DEVICES];
 
-void *mla_kv_scratch(int dev, int64_t bytes) {
+void *mla_kv_scratch(int dev, int64_t bytes, int64_t *have) {
   if (dev < 0 || dev >= MLA_KV_MAX_DEVICES) {
     mla_err("device %d: at most %d devices are supported", dev, MLA_KV_MAX_DEVICES);
     return NULL;
@@ -116,10 +116,15 @@ void *mla_kv_scratch(int dev, int64_t bytes) {
   if (scratch_bytes[dev] < bytes) {
     void *p;
     if (mla_device_alloc(dev, bytes, &p)) return NULL;
+    if (mla_cuda_check(cudaMemsetAsync(p, 0, (size_t)bytes, mla_device_stream(dev)), "cudaMemsetAsync")) {
+      mla_device_free(dev, p, bytes);
+      return NULL;
+    }
     /* stream-ordered: work queued on the old block finishes before any reuse */
     if (scratch[dev]) mla_device_free(dev, scratch[dev], scratch_bytes[dev]);
     scratch[dev] = p, scratch_bytes[dev] = bytes;
   }
+  if (have) *have = scratch_bytes[dev];
   return scratch[dev];
 }
 

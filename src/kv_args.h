@@ -34,10 +34,11 @@ int mla_kv_launched(int dev, cudaError_t e, const char *kernel);
 /* The device counter of skipped out-of-range indices (allocated and zeroed
  * on first use); NULL with an error if it cannot be allocated. */
 unsigned long long *mla_kv_bad_counter(int dev);
-/* A per-device scratch of at least `bytes`, kept between calls (grown, never
- * shrunk: a captured CUDA graph keeps its address until a larger one is
- * asked for); NULL with an error if it cannot be allocated. */
-void *mla_kv_scratch(int dev, int64_t bytes);
+/* A per-device scratch of at least `bytes` (*have: its size), zeroed when
+ * (re)allocated, kept between calls (grown, never shrunk: a captured CUDA
+ * graph keeps its address until a larger one is asked for); NULL with an
+ * error if it cannot be allocated. */
+void *mla_kv_scratch(int dev, int64_t bytes, int64_t *have);
 /* A second stream of dev, with a fork and a join event, for independent work
  * that overlaps the main stream's (recorded and waited on like any stream
  * work, so CUDA-graph capture follows the fork and the join). */

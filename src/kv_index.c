@@ -101,7 +101,8 @@ static int compact_cuda_exact(const mla_kv_cache *c, int dev, const mla_tensor *
     rc = mla_err("%lld indices are past the cache (%lld pages of %d tokens; counted since the last check)", (long long)nbad,
                  (long long)np, c->desc.block_size);
   if (!rc) rc = alloc_exact(c, dev, indices, count, o);
-  if (!rc) rc = mla_kv_launched(dev, mla_cuda_kv_list_pages(flags, rank, np, o->pages->storage->data, s), "mla_kv_list_pages");
+  if (!rc)
+    rc = mla_kv_launched(dev, mla_cuda_kv_list_pages(rank, np, dcount, o->pages->storage->data, s), "mla_kv_list_pages");
   if (!rc) {
     mla_kv_ivec pl = {o->pages->storage->data, count, 1, 1};
     mla_kv_rows out = {o->rows->storage->data, o->rows->sizes[0], o->ncols, o->ncols};
@@ -125,16 +126,30 @@ static int compact_cuda_into(const mla_kv_cache *c, int dev, const mla_kv_imat *
   cudaStream_t s;
   unsigned long long *bad;
   if (mla_kv_cuda_ctx(dev, &s, &bad)) return -1;
-  int32_t *flags = mla_kv_scratch(dev, 2 * (np ? np : 1) * (int64_t)sizeof(int32_t)), *rank = flags + (np ? np : 1);
-  if (!flags) return -1;
+  /* scratch: the ticket (16 bytes), then flags and ranks, each region as
+   * long as the scratch allows (fixed offsets, so a call with fewer pages
+   * finds zero flags); zero when allocated, and every call leaves its flags
+   * and the ticket zero */
+  int64_t have = 0;
+  unsigned int *ticket = mla_kv_scratch(dev, 16 + 2 * (np ? np : 1) * (int64_t)sizeof(int32_t), &have);
+  if (!ticket) return -1;
+  int32_t *flags = (int32_t *)(ticket + 4), *rank = flags + (have - 16) / 8;
   int64_t *pages = o->pages->storage->data, *count = o->count->storage->data;
   mla_kv_rows out;
   mla_kv_omat rm;
   if (mla_kv_arg_rows(o->rows, "out", dev, 1, &out) || remap_arg(o->remap, dev, &rm)) return -1;
   out.cols = o->ncols;
-  int rc = mla_kv_launched(dev, mla_cuda_kv_mark_pages(idx, c->desc.block_size, np, flags, bad, s), "mla_kv_mark_pages");
-  if (!rc)
-    rc = mla_kv_launched(dev, mla_cuda_kv_rank_pages(flags, np, rank, count, pages, o->cap, s), "mla_kv_rank_pages");
+  int rc;
+  if (np <= mla_cuda_kv_mark_rank_pages_max()) {
+    rc = mla_kv_launched(dev,
+                         mla_cuda_kv_mark_rank_pages(idx, c->desc.block_size, np, flags, rank, count, pages, o->cap,
+                                                     ticket, bad, s),
+                         "mla_kv_mark_rank_pages");
+  } else {
+    rc = mla_kv_launched(dev, mla_cuda_kv_mark_pages(idx, c->desc.block_size, np, flags, bad, s), "mla_kv_mark_pages");
+    if (!rc)
+      rc = mla_kv_launched(dev, mla_cuda_kv_rank_pages(flags, np, rank, count, pages, o->cap, s), "mla_kv_rank_pages");
+  }
   /* the remap needs only the ranks: it runs on the side stream, beside the
    * page gather (both read what rank wrote, neither writes what the other reads) */
   cudaStream_t side;

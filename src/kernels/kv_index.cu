@@ -378,14 +378,14 @@ __device__ __forceinline__ int64_t flat_offset(int64_t i, int64_t rows, int64_t 
 constexpr int kMarkSharedPages = 48 * 1024; // one byte each, within the default dynamic shared memory
 constexpr int kMarkBatch = 8;               // indices per thread loaded at once
 
-// flags[page] = 1 for each index's page. Random indices hit each of a few
-// thousand pages hundreds of times, and scattered 4-byte stores to the same
-// sectors queue at L2 (ncu, 147 K indices over 4608 pages: 11.7 us). So a
-// block first marks its share of the indices in shared memory (one byte per
-// page), then stores its flags page-ordered: whole lines per warp.
-__global__ void mark_shared_kernel(const mla_kv_imat idx, int64_t bs, int64_t num_pages, int32_t *flags,
-                                   unsigned long long *bad) {
-  extern __shared__ unsigned char seen[];
+// Marks a block's share of the indices: flags[page] = 1 for each index's
+// page. Random indices hit each of a few thousand pages hundreds of times,
+// and scattered 4-byte stores to the same sectors queue at L2 (ncu, 147 K
+// indices over 4608 pages: 11.7 us). So the block first marks in shared
+// memory (one byte per page), then stores its flags page-ordered: whole lines
+// per warp. seen: num_pages bytes of shared memory.
+__device__ __forceinline__ void mark_block(const mla_kv_imat &idx, int64_t bs, int64_t num_pages, int32_t *flags,
+                                           unsigned long long *bad, unsigned char *seen) {
   const int np = (int)num_pages;
   for (int p = threadIdx.x; p < np; p += blockDim.x) seen[p] = 0;
   __syncthreads();
@@ -413,6 +413,12 @@ __global__ void mark_shared_kernel(const mla_kv_imat idx, int64_t bs, int64_t nu
     if (seen[p]) flags[p] = 1;
 }
 
+__global__ void mark_shared_kernel(const mla_kv_imat idx, int64_t bs, int64_t num_pages, int32_t *flags,
+                                   unsigned long long *bad) {
+  extern __shared__ unsigned char seen[];
+  mark_block(idx, bs, num_pages, flags, bad, seen);
+}
+
 // The same without the shared-memory pass, for pools of more pages than
 // shared memory holds bytes.
 __global__ void mark_kernel(const mla_kv_imat idx, int64_t bs, int64_t num_pages, int32_t *flags,
@@ -428,45 +434,49 @@ __global__ void mark_kernel(const mla_kv_imat idx, int64_t bs, int64_t num_pages
   }
 }
 
-
 constexpr int kScanThreads = 1024, kScanItems = 4, kScanTile = kScanThreads * kScanItems;
 
-// Exclusive prefix sum of flags by one block, tile by tile (kScanItems
-// consecutive flags per thread, loaded and stored through warp transposes so
-// global accesses are coalesced; the running total carried across tiles).
-// pages (may be NULL): the page list too, gathered per tile in shared memory
-// and written out contiguously; entries past cap dropped, [count, cap) = -1
-// (the capacity mode: no host sync).
-__global__ void __launch_bounds__(kScanThreads) rank_kernel(const int32_t *flags, int64_t n, int32_t *rank,
-                                                            int64_t *count, int64_t *pages, int64_t cap) {
-  using Load = cub::BlockLoad<int, kScanThreads, kScanItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
-  using Store = cub::BlockStore<int, kScanThreads, kScanItems, cub::BLOCK_STORE_WARP_TRANSPOSE>;
-  using Scan = cub::BlockScan<int, kScanThreads>;
-  __shared__ union {
-    typename Load::TempStorage load;
-    typename Store::TempStorage store;
-    typename Scan::TempStorage scan;
+using ScanLoad = cub::BlockLoad<int, kScanThreads, kScanItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
+using ScanStore = cub::BlockStore<int, kScanThreads, kScanItems, cub::BLOCK_STORE_WARP_TRANSPOSE>;
+using BlockScanT = cub::BlockScan<int, kScanThreads>;
+struct RankShared {
+  union {
+    typename ScanLoad::TempStorage load;
+    typename ScanStore::TempStorage store;
+    typename BlockScanT::TempStorage scan;
   } tmp;
-  __shared__ int listed[kScanTile]; // this tile's referenced pages, in order
-  int64_t done = 0;                 // referenced pages before this tile
+  int listed[kScanTile]; // a tile's referenced pages, in order
+};
+
+// Exclusive prefix sum of flags by one block of kScanThreads, tile by tile
+// (kScanItems consecutive flags per thread, loaded and stored through warp
+// transposes so global accesses are coalesced; the running total carried).
+// Flags are read at L2 (other blocks of a fused launch wrote them) and left
+// zero, ready for the next call. pages (may be NULL): the page list too,
+// gathered per tile in shared memory and written out contiguously; entries
+// past cap dropped, [count, cap) = -1 (the capacity mode: no host sync).
+__device__ __forceinline__ void rank_block(int32_t *flags, int64_t n, int32_t *rank, int64_t *count, int64_t *pages,
+                                           int64_t cap, RankShared &sh) {
+  int64_t done = 0; // referenced pages before this tile
   for (int64_t base = 0; base < n; base += kScanTile) {
     const int valid = n - base < kScanTile ? (int)(n - base) : kScanTile;
     int f[kScanItems], r[kScanItems], total;
-    Load(tmp.load).Load(flags + base, f, valid, 0);
+    ScanLoad(sh.tmp.load).Load(cub::CacheModifiedInputIterator<cub::LOAD_CG, int>(flags + base), f, valid, 0);
     __syncthreads();
-    Scan(tmp.scan).ExclusiveSum(f, r, total);
+    for (int j = threadIdx.x; j < valid; j += kScanThreads) flags[base + j] = 0;
+    BlockScanT(sh.tmp.scan).ExclusiveSum(f, r, total);
     __syncthreads();
     if (pages) {
 #pragma unroll
       for (int k = 0; k < kScanItems; k++)
-        if (f[k]) listed[r[k]] = (int)(base + threadIdx.x * kScanItems + k);
+        if (f[k]) sh.listed[r[k]] = (int)(base + threadIdx.x * kScanItems + k);
     }
 #pragma unroll
     for (int k = 0; k < kScanItems; k++) r[k] += (int)done;
-    Store(tmp.store).Store(rank + base, r, valid);
+    ScanStore(sh.tmp.store).Store(rank + base, r, valid);
     __syncthreads();
     if (pages)
-      for (int j = threadIdx.x; j < total && done + j < cap; j += kScanThreads) pages[done + j] = listed[j];
+      for (int j = threadIdx.x; j < total && done + j < cap; j += kScanThreads) pages[done + j] = sh.listed[j];
     done += total;
     __syncthreads(); // listed and tmp are reused by the next tile
   }
@@ -475,9 +485,37 @@ __global__ void __launch_bounds__(kScanThreads) rank_kernel(const int32_t *flags
   if (threadIdx.x == 0) *count = done;
 }
 
-__global__ void list_kernel(const int32_t *flags, const int32_t *rank, int64_t n, int64_t *pages) {
+__global__ void __launch_bounds__(kScanThreads) rank_kernel(int32_t *flags, int64_t n, int32_t *rank, int64_t *count,
+                                                            int64_t *pages, int64_t cap) {
+  __shared__ RankShared sh;
+  rank_block(flags, n, rank, count, pages, cap, sh);
+}
+
+// Marking and ranking in one launch: every block marks its share, and the
+// last block to finish (a ticket counter, left at 0 for the next call and for
+// graph replays) ranks. Flags must be zero on entry; ranking leaves them so.
+__global__ void __launch_bounds__(kScanThreads)
+    mark_rank_kernel(const mla_kv_imat idx, int64_t bs, int64_t num_pages, int32_t *flags, int32_t *rank,
+                     int64_t *count, int64_t *pages, int64_t cap, unsigned int *ticket, unsigned long long *bad) {
+  extern __shared__ unsigned char seen[];
+  __shared__ RankShared sh;
+  __shared__ bool last;
+  mark_block(idx, bs, num_pages, flags, bad, seen);
+  __threadfence(); // this block's flags visible before its ticket
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  rank_block(flags, num_pages, rank, count, pages, cap, sh);
+  if (threadIdx.x == 0) *ticket = 0;
+}
+
+// pages[rank[p]] = p for each referenced p: those whose successor's rank
+// (the count, for the last page) is one more (ranking zeroed the flags).
+__global__ void list_kernel(const int32_t *rank, int64_t n, const int64_t *count, int64_t *pages) {
   for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < n; p += (int64_t)gridDim.x * blockDim.x)
-    if (flags[p]) pages[rank[p]] = p;
+    if ((p + 1 < n ? (int64_t)rank[p + 1] : *count) > rank[p]) pages[rank[p]] = p;
 }
 
 __global__ void remap_kernel(const mla_kv_imat idx, const int32_t *rank, int64_t bs, int64_t num_pages,
@@ -543,16 +581,35 @@ extern "C" cudaError_t mla_cuda_kv_mark_pages(const mla_kv_imat *idx, int64_t bl
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t mla_cuda_kv_rank_pages(const int32_t *flags, int64_t num_pages, int32_t *rank, int64_t *count,
+extern "C" cudaError_t mla_cuda_kv_rank_pages(int32_t *flags, int64_t num_pages, int32_t *rank, int64_t *count,
                                               int64_t *pages, int64_t cap, cudaStream_t s) {
   rank_kernel<<<1, kScanThreads, 0, s>>>(flags, num_pages, rank, count, pages, cap);
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t mla_cuda_kv_list_pages(const int32_t *flags, const int32_t *rank, int64_t num_pages,
+extern "C" int mla_cuda_kv_mark_rank_pages_max(void) { return kMarkSharedPages; }
+
+extern "C" cudaError_t mla_cuda_kv_mark_rank_pages(const mla_kv_imat *idx, int64_t block_size, int64_t num_pages,
+                                                   int32_t *flags, int32_t *rank, int64_t *count, int64_t *pages,
+                                                   int64_t cap, unsigned int *ticket, unsigned long long *bad,
+                                                   cudaStream_t s) {
+  static const cudaError_t attr = cudaFuncSetAttribute(mark_rank_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                       kMarkSharedPages);
+  if (attr != cudaSuccess) return attr;
+  const int64_t n = idx->rows * idx->cols;
+  // ~4096 indices per block (4 per thread): enough blocks to read them at
+  // full rate, few enough that the page-ordered flag stores stay cheap
+  int64_t g = (n + 4095) / 4096;
+  g = g < 1 ? 1 : g > 132 ? 132 : g;
+  mark_rank_kernel<<<(int)g, kScanThreads, (size_t)(num_pages > 0 ? num_pages : 1), s>>>(
+      *idx, block_size, num_pages, flags, rank, count, pages, cap, ticket, bad);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t mla_cuda_kv_list_pages(const int32_t *rank, int64_t num_pages, const int64_t *count,
                                               int64_t *pages, cudaStream_t s) {
   if (num_pages == 0) return cudaSuccess;
-  list_kernel<<<elementwise_grid(num_pages), kThreads, 0, s>>>(flags, rank, num_pages, pages);
+  list_kernel<<<elementwise_grid(num_pages), kThreads, 0, s>>>(rank, num_pages, count, pages);
   return cudaGetLastError();
 }
 
