@@ -139,7 +139,9 @@ int mla_kv_side_stream(int dev, cudaStream_t *side, cudaEvent_t *fork, cudaEvent
   if (!sides[dev].stream) {
     cudaStream_t st;
     cudaEvent_t a, b;
-    if (mla_cuda_check(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "cudaStreamCreate (side stream)"))
+    int lo = 0, hi = 0; /* the highest priority: its blocks are dispatched before those of a long kernel beside it */
+    cudaDeviceGetStreamPriorityRange(&lo, &hi);
+    if (mla_cuda_check(cudaStreamCreateWithPriority(&st, cudaStreamNonBlocking, hi), "cudaStreamCreate (side stream)"))
       return -1;
     if (mla_cuda_check(cudaEventCreateWithFlags(&a, cudaEventDisableTiming), "cudaEventCreate")) {
       cudaStreamDestroy(st);

@@ -85,13 +85,14 @@ static int compact_cpu(const mla_kv_cache *c, const mla_tensor *indices, const m
 static int compact_cuda_exact(const mla_kv_cache *c, int dev, const mla_tensor *indices, const mla_kv_imat *idx,
                               compact_out *o) {
   int64_t np = c->view.num_pages, count = 0, nbad = 0;
-  int64_t scratch = 2 * (np ? np : 1) * (int64_t)sizeof(int32_t) + (int64_t)sizeof(int64_t);
+  const int64_t npa = (np + 4) & ~(int64_t)3; /* rank 16-byte aligned too */
+  int64_t scratch = 2 * npa * (int64_t)sizeof(int32_t) + 16;
   unsigned long long *bad = mla_kv_bad_counter(dev);
   cudaStream_t s = mla_device_stream(dev);
   void *buf = NULL;
   if (!bad || !s || mla_device_alloc(dev, scratch, &buf)) return -1;
-  int64_t *dcount = buf;
-  int32_t *flags = (int32_t *)(dcount + 1), *rank = flags + (np ? np : 1);
+  int64_t *dcount = buf; /* then flags (16-byte aligned, for the ranking's vector loads), ranks */
+  int32_t *flags = (int32_t *)((char *)buf + 16), *rank = flags + npa;
   int rc = mla_kv_launched(dev, mla_cuda_kv_mark_pages(idx, c->desc.block_size, np, flags, bad, s), "mla_kv_mark_pages");
   if (!rc)
     rc = mla_kv_launched(dev, mla_cuda_kv_rank_pages(flags, np, rank, dcount, NULL, 0, s), "mla_kv_rank_pages");
@@ -131,9 +132,10 @@ static int compact_cuda_into(const mla_kv_cache *c, int dev, const mla_kv_imat *
    * finds zero flags); zero when allocated, and every call leaves its flags
    * and the ticket zero */
   int64_t have = 0;
-  unsigned int *ticket = mla_kv_scratch(dev, 16 + 2 * (np ? np : 1) * (int64_t)sizeof(int32_t), &have);
+  const int64_t npa = (np + 4) & ~(int64_t)3;
+  unsigned int *ticket = mla_kv_scratch(dev, 16 + 2 * npa * (int64_t)sizeof(int32_t), &have);
   if (!ticket) return -1;
-  int32_t *flags = (int32_t *)(ticket + 4), *rank = flags + (have - 16) / 8;
+  int32_t *flags = (int32_t *)(ticket + 4), *rank = flags + (((have - 16) / 8) & ~(int64_t)3); /* 16-byte aligned */
   int64_t *pages = o->pages->storage->data, *count = o->count->storage->data;
   mla_kv_rows out;
   mla_kv_omat rm;

@@ -1,8 +1,6 @@
 // Index kernels: top-k transforms (PAGED, RAGGED) and the compaction of
 // referenced pages (mark, rank, list, remap).
-#include <cub/block/block_load.cuh>
 #include <cub/block/block_scan.cuh>
-#include <cub/block/block_store.cuh>
 #include "kv_common.cuh"
 
 namespace {
@@ -434,51 +432,62 @@ __global__ void mark_kernel(const mla_kv_imat idx, int64_t bs, int64_t num_pages
   }
 }
 
-constexpr int kScanThreads = 1024, kScanItems = 4, kScanTile = kScanThreads * kScanItems;
+constexpr int kScanThreads = 1024, kScanItems = 8, kScanTile = kScanThreads * kScanItems;
 
-using ScanLoad = cub::BlockLoad<int, kScanThreads, kScanItems, cub::BLOCK_LOAD_WARP_TRANSPOSE>;
-using ScanStore = cub::BlockStore<int, kScanThreads, kScanItems, cub::BLOCK_STORE_WARP_TRANSPOSE>;
 using BlockScanT = cub::BlockScan<int, kScanThreads>;
 struct RankShared {
-  union {
-    typename ScanLoad::TempStorage load;
-    typename ScanStore::TempStorage store;
-    typename BlockScanT::TempStorage scan;
-  } tmp;
-  int listed[kScanTile]; // a tile's referenced pages, in order
+  typename BlockScanT::TempStorage scan;
+  short listed[kScanTile]; // a tile's referenced pages (offsets in the tile), in order
 };
 
 // Exclusive prefix sum of flags by one block of kScanThreads, tile by tile
-// (kScanItems consecutive flags per thread, loaded and stored through warp
-// transposes so global accesses are coalesced; the running total carried).
-// Flags are read at L2 (other blocks of a fused launch wrote them) and left
-// zero, ready for the next call. pages (may be NULL): the page list too,
-// gathered per tile in shared memory and written out contiguously; entries
-// past cap dropped, [count, cap) = -1 (the capacity mode: no host sync).
+// (kScanItems consecutive flags per thread, two 16-byte accesses where the
+// tile is whole; cub::BlockScan across the threads; the running total
+// carried). flags and rank must be 16-byte aligned. Flags are read at L2 (other blocks
+// of a fused launch wrote them) and left zero, ready for the next call.
+// pages (may be NULL): the page list too, gathered per tile in shared memory
+// and written out contiguously; entries past cap dropped, [count, cap) = -1
+// (the capacity mode: no host sync).
 __device__ __forceinline__ void rank_block(int32_t *flags, int64_t n, int32_t *rank, int64_t *count, int64_t *pages,
                                            int64_t cap, RankShared &sh) {
+  static_assert(kScanItems == 8, "two int4 per thread");
   int64_t done = 0; // referenced pages before this tile
   for (int64_t base = 0; base < n; base += kScanTile) {
-    const int valid = n - base < kScanTile ? (int)(n - base) : kScanTile;
+    const int64_t lo = base + (int64_t)threadIdx.x * kScanItems;
     int f[kScanItems], r[kScanItems], total;
-    ScanLoad(sh.tmp.load).Load(cub::CacheModifiedInputIterator<cub::LOAD_CG, int>(flags + base), f, valid, 0);
-    __syncthreads();
-    for (int j = threadIdx.x; j < valid; j += kScanThreads) flags[base + j] = 0;
-    BlockScanT(sh.tmp.scan).ExclusiveSum(f, r, total);
-    __syncthreads();
+    if (lo + kScanItems <= n) {
+      int4 *p = reinterpret_cast<int4 *>(flags + lo);
+      const int4 a = __ldcg(p), b = __ldcg(p + 1);
+      f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+      p[0] = p[1] = make_int4(0, 0, 0, 0);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kScanItems; k++) {
+        f[k] = lo + k < n ? __ldcg(flags + lo + k) : 0;
+        if (lo + k < n) flags[lo + k] = 0;
+      }
+    }
+    BlockScanT(sh.scan).ExclusiveSum(f, r, total);
     if (pages) {
 #pragma unroll
       for (int k = 0; k < kScanItems; k++)
-        if (f[k]) sh.listed[r[k]] = (int)(base + threadIdx.x * kScanItems + k);
+        if (f[k]) sh.listed[r[k]] = (short)(threadIdx.x * kScanItems + k);
     }
 #pragma unroll
     for (int k = 0; k < kScanItems; k++) r[k] += (int)done;
-    ScanStore(sh.tmp.store).Store(rank + base, r, valid);
+    if (lo + kScanItems <= n) {
+      int4 *q = reinterpret_cast<int4 *>(rank + lo);
+      q[0] = make_int4(r[0], r[1], r[2], r[3]), q[1] = make_int4(r[4], r[5], r[6], r[7]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < kScanItems; k++)
+        if (lo + k < n) rank[lo + k] = r[k];
+    }
     __syncthreads();
     if (pages)
-      for (int j = threadIdx.x; j < total && done + j < cap; j += kScanThreads) pages[done + j] = sh.listed[j];
+      for (int j = threadIdx.x; j < total && done + j < cap; j += kScanThreads) pages[done + j] = base + sh.listed[j];
     done += total;
-    __syncthreads(); // listed and tmp are reused by the next tile
+    __syncthreads(); // listed and the scan storage are reused by the next tile
   }
   if (pages)
     for (int64_t j = done + threadIdx.x; j < cap; j += kScanThreads) pages[j] = -1;
