@@ -163,15 +163,26 @@ case("requant fp8_pertensor -> fp8_ds_mla", function(bytes)
       string.format("%d tokens, 576 B read + 656 B written", n)
 end)
 
-case("gather_referenced fp8_ds_mla", function(bytes)
-  local per = 656 + 1152
+-- The fallbacks' inputs: T x W random indices into an fp8_ds_mla pool of
+-- twice as many slots (per = bytes read + written per dequantized row).
+local REF_PER = 656 + 1152
+local function referenced_inputs(bytes)
   local W = cpu and 64 or 2048
-  local T = (bytes // per) // W
+  local T = (bytes // REF_PER) // W
   local c = pool("fp8_ds_mla", 2 * T * W)
   local v = fill(c, 0)
-  local idx = rand_ints(T * W, c.num_blocks * BS):reshape({ T, W })
+  return c, v, rand_ints(T * W, c.num_blocks * BS):reshape({ T, W }), T, W
+end
+
+local function compact_note(T, W, npages, c)
+  return string.format("%d x %d indices -> %d of %d pages dequantized (%d B read + %d B written per row) + 4 B remap read and written",
+    T, W, npages, c.num_blocks, 656, 1152)
+end
+
+case("gather_referenced fp8_ds_mla", function(bytes)
+  local _, v, idx, T, W = referenced_inputs(bytes)
   local out, remap = mla.empty({ T * W, 576 }, "bf16", dev), mla.empty({ T * W }, "i32", dev)
-  return function() K.gather_referenced(v, idx, { out = out, remap = remap, check = false }) end, T * W * (per + 8),
+  return function() K.gather_referenced(v, idx, { out = out, remap = remap, check = false }) end, T * W * (REF_PER + 8),
       string.format("%d x %d indices, + 4 B remap read and written", T, W)
 end)
 
@@ -180,37 +191,24 @@ end)
 -- it reads the page count back (a host sync by design): timed with sync = true
 -- (no blocking kernel in front; host gaps between its kernels are included).
 case("compact fp8_ds_mla", function(bytes)
-  local per = 656 + 1152
-  local W = cpu and 64 or 2048
-  local T = (bytes // per) // W
-  local c = pool("fp8_ds_mla", 2 * T * W)
-  local v = fill(c, 0)
-  local idx = rand_ints(T * W, c.num_blocks * BS):reshape({ T, W })
+  local c, v, idx, T, W = referenced_inputs(bytes)
   local _, _, pages = K.compact(v, idx)
   local npages = pages:numel()
-  return function() K.compact(v, idx) end, npages * BS * per + T * W * 8,
-      string.format("%d x %d indices -> %d of %d pages dequantized (%d B read + %d B written per row) + 4 B remap read and written",
-        T, W, npages, c.num_blocks, 656, 1152), { sync = true }
+  return function() K.compact(v, idx) end, npages * BS * REF_PER + T * W * 8, compact_note(T, W, npages, c),
+      { sync = true }
 end)
 
 -- The same compaction in its capacity mode: outputs preallocated for every
 -- page of the pool, no host sync (count stays on the device), so it is timed
 -- like the other kernels (cold, queued behind the blocking kernel).
 case("compact fp8_ds_mla capacity", function(bytes)
-  local per = 656 + 1152
-  local W = cpu and 64 or 2048
-  local T = (bytes // per) // W
-  local c = pool("fp8_ds_mla", 2 * T * W)
-  local v = fill(c, 0)
-  local idx = rand_ints(T * W, c.num_blocks * BS):reshape({ T, W })
-  local out = mla.empty({ c.num_blocks * BS, 576 }, "bf16", dev)
-  local o = { out = out, check = false }
+  local c, v, idx, T, W = referenced_inputs(bytes)
+  local o = { out = mla.empty({ c.num_blocks * BS, 576 }, "bf16", dev), check = false }
   local _, _, _, count = K.compact(v, idx, o)
   K.check(dev)
   local npages = math.tointeger(count:item())
-  return function() K.compact(v, idx, o) end, npages * BS * per + T * W * 8,
-      string.format("%d x %d indices -> %d of %d pages dequantized (%d B read + %d B written per row) + 4 B remap read and written; capacity %d pages, no sync",
-        T, W, npages, c.num_blocks, 656, 1152, c.num_blocks)
+  return function() K.compact(v, idx, o) end, npages * BS * REF_PER + T * W * 8,
+      compact_note(T, W, npages, c) .. string.format("; capacity %d pages, no sync", c.num_blocks)
 end)
 
 for _, mode in ipairs { "paged", "ragged" } do
