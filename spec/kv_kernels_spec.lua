@@ -325,7 +325,12 @@ describe("referenced-slot dequant for fallbacks", function()
     assert.is_true(n >= 3)
     -- room for n + 2 pages; the 2 spare pages' rows hold a sentinel that must survive
     local out = mla.full({ (n + 2) * bs, L.dim }, -3.25, "bf16", "cpu")
-    local rows, remap, pages, count = K.compact(v, idx, { out = out })
+    -- pages and count as views past the start of their storage
+    local pbuf, cbuf = mla.full({ n + 5 }, 99, "i64", "cpu"), mla.full({ 3 }, 99, "i64", "cpu")
+    local rows, remap, pages, count = K.compact(v, idx,
+      { out = out, pages = pbuf:narrow(0, 3, n + 2), count = cbuf:narrow(0, 2, 1) })
+    assert.same({ 99, 99, 99 }, { pbuf:get({ 0 }), pbuf:get({ 1 }), pbuf:get({ 2 }) })
+    assert.same({ 99, 99 }, { cbuf:get({ 0 }), cbuf:get({ 1 }) })
     assert.equal(out, rows)
     assert.equal(n, count:item())
     local want = p1:totable()
@@ -675,7 +680,9 @@ describe("baked kernels vs CPU references #gpu", function()
       -- capacity mode, no sync: one spare page whose rows keep their NaN poison
       local n = p1:numel()
       local out = mla.full({ (n + 1) * bs, r1:size(1) }, 0 / 0, "bf16", "cuda")
-      local r3, m3, p3, c3 = K.compact(g, it_:cuda(), { out = out, check = false })
+      local cbuf = mla.full({ 2 }, 99, "i64", "cuda") -- count as a view past the start of its storage
+      local r3, m3, p3, c3 = K.compact(g, it_:cuda(), { out = out, count = cbuf:narrow(0, 1, 1), check = false })
+      assert.equal(99, cbuf:get({ 0 }))
       K.check("cuda")
       assert.equal(n, c3:item())
       assert_bytes(r3:narrow(0, 0, n * bs):cpu(), r1, "capacity rows")

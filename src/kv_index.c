@@ -39,7 +39,16 @@ static int index_matrix(const mla_tensor *t, const char *name, int dev, mla_kv_i
 typedef struct {
   mla_tensor *rows, *remap, *pages, *count; /* count: NULL in exact mode */
   int64_t cap, ncols;
+  int64_t *page_list, *count_at; /* the data of pages and count (storage offsets applied) */
 } compact_out;
+
+static int resolve_outputs(compact_out *o) {
+  void *p = NULL, *c = NULL;
+  if (mla_tensor_data(o->pages, &p)) return mla_err_prefix("pages: ");
+  if (o->count && mla_tensor_data(o->count, &c)) return mla_err_prefix("count: ");
+  o->page_list = p, o->count_at = c;
+  return 0;
+}
 
 static int alloc_exact(const mla_kv_cache *c, int dev, const mla_tensor *indices, int64_t count, compact_out *o) {
   int64_t rs[2] = {count * c->desc.block_size, o->ncols}, ps[1] = {count};
@@ -48,7 +57,7 @@ static int alloc_exact(const mla_kv_cache *c, int dev, const mla_tensor *indices
       mla_tensor_empty(o->remap, indices->dtype, indices->ndim, indices->sizes, dev) ||
       mla_tensor_empty(o->pages, MLA_I64, 1, ps, dev))
     return -1;
-  return 0;
+  return resolve_outputs(o);
 }
 
 static int remap_arg(mla_tensor *remap, int dev, mla_kv_omat *rm) {
@@ -65,15 +74,15 @@ static int compact_cpu(const mla_kv_cache *c, const mla_tensor *indices, const m
   if (!rc && !o->count) rc = alloc_exact(c, MLA_CPU, indices, count, o);
   if (!rc) {
     const int64_t listed = count < o->cap ? count : o->cap;
-    mla_kv_ivec pl = {o->pages->storage->data, listed, 1, 1};
+    mla_kv_ivec pl = {o->page_list, listed, 1, 1};
     mla_kv_rows out;
     mla_kv_omat rm;
-    mla_ref_kv_list_pages(flags, rank, np, count, o->cap, o->pages->storage->data);
+    mla_ref_kv_list_pages(flags, rank, np, count, o->cap, o->page_list);
     rc = mla_kv_arg_rows(o->rows, "out", MLA_CPU, 1, &out);
     if (!rc) out.cols = o->ncols, rc = mla_ref_kv_gather_pages(c, &pl, &out);
     if (!rc) rc = remap_arg(o->remap, MLA_CPU, &rm);
     if (!rc) mla_ref_kv_remap_compact(idx, rank, c->desc.block_size, np, o->cap, &rm);
-    if (!rc && o->count) *(int64_t *)o->count->storage->data = count;
+    if (!rc && o->count) *o->count_at = count;
   }
   free(flags);
   free(rank);
@@ -103,9 +112,9 @@ static int compact_cuda_exact(const mla_kv_cache *c, int dev, const mla_tensor *
                  (long long)np, c->desc.block_size);
   if (!rc) rc = alloc_exact(c, dev, indices, count, o);
   if (!rc)
-    rc = mla_kv_launched(dev, mla_cuda_kv_list_pages(rank, np, dcount, o->pages->storage->data, s), "mla_kv_list_pages");
+    rc = mla_kv_launched(dev, mla_cuda_kv_list_pages(rank, np, dcount, o->page_list, s), "mla_kv_list_pages");
   if (!rc) {
-    mla_kv_ivec pl = {o->pages->storage->data, count, 1, 1};
+    mla_kv_ivec pl = {o->page_list, count, 1, 1};
     mla_kv_rows out = {o->rows->storage->data, o->rows->sizes[0], o->ncols, o->ncols};
     rc = mla_kv_launched(dev, mla_cuda_kv_gather_pages(c, &pl, &out, bad, s), "mla_kv_gather_pages");
   }
@@ -136,7 +145,7 @@ static int compact_cuda_into(const mla_kv_cache *c, int dev, const mla_kv_imat *
   unsigned int *ticket = mla_kv_scratch(dev, 16 + 2 * npa * (int64_t)sizeof(int32_t), &have);
   if (!ticket) return -1;
   int32_t *flags = (int32_t *)(ticket + 4), *rank = flags + (((have - 16) / 8) & ~(int64_t)3); /* 16-byte aligned */
-  int64_t *pages = o->pages->storage->data, *count = o->count->storage->data;
+  int64_t *pages = o->page_list, *count = o->count_at;
   mla_kv_rows out;
   mla_kv_omat rm;
   if (mla_kv_arg_rows(o->rows, "out", dev, 1, &out) || remap_arg(o->remap, dev, &rm)) return -1;
@@ -183,7 +192,7 @@ static int compact_check(const mla_kv_cache *c, int dev, const mla_tensor *indic
 int mla_kv_compact(const mla_kv_cache *c, int dev, const mla_tensor *indices, int64_t ncols, mla_tensor *rows,
                    mla_tensor *remap, mla_tensor *pages) {
   mla_kv_imat idx;
-  compact_out o = {rows, remap, pages, NULL, 0, ncols};
+  compact_out o = {rows, remap, pages, NULL, 0, ncols, NULL, NULL};
   if (compact_check(c, dev, indices, &idx, ncols)) return -1;
   return dev == MLA_CPU ? compact_cpu(c, indices, &idx, &o) : compact_cuda_exact(c, dev, indices, &idx, &o);
 }
@@ -209,13 +218,13 @@ static int into_args(const mla_kv_cache *c, int dev, const mla_tensor *indices, 
                    (long long)mla_tensor_numel(indices));
   for (int i = 0; i < indices->ndim; i++)
     if (o->remap->sizes[i] != indices->sizes[i]) return mla_err("remap must have the shape of indices (dim %d differs)", i);
-  return 0;
+  return resolve_outputs(o);
 }
 
 int mla_kv_compact_into(const mla_kv_cache *c, int dev, const mla_tensor *indices, mla_tensor *rows, mla_tensor *remap,
                         mla_tensor *pages, mla_tensor *count) {
   mla_kv_imat idx;
-  compact_out o = {rows, remap, pages, count, 0, 0};
+  compact_out o = {rows, remap, pages, count, 0, 0, NULL, NULL};
   if (into_args(c, dev, indices, &o) || compact_check(c, dev, indices, &idx, o.ncols)) return -1;
   return dev == MLA_CPU ? compact_cpu(c, indices, &idx, &o) : compact_cuda_into(c, dev, &idx, &o);
 }
