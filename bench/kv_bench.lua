@@ -190,12 +190,16 @@ end)
 -- dequantize them, remap the indices. Output shapes depend on index values, so
 -- it reads the page count back (a host sync by design): timed with sync = true
 -- (no blocking kernel in front; host gaps between its kernels are included).
+-- The outputs are closed after each call, as a loop that keeps none of them
+-- would: their blocks go back to the caching allocator for the next call.
 case("compact fp8_ds_mla", function(bytes)
   local c, v, idx, T, W = referenced_inputs(bytes)
   local _, _, pages = K.compact(v, idx)
   local npages = pages:numel()
-  return function() K.compact(v, idx) end, npages * BS * REF_PER + T * W * 8, compact_note(T, W, npages, c),
-      { sync = true }
+  return function()
+    local rows, remap, list = K.compact(v, idx)
+    rows:close(); remap:close(); list:close()
+  end, npages * BS * REF_PER + T * W * 8, compact_note(T, W, npages, c), { sync = true }
 end)
 
 -- The same compaction in its capacity mode: outputs preallocated for every

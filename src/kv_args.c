@@ -158,6 +158,30 @@ int mla_kv_side_stream(int dev, cudaStream_t *side, cudaEvent_t *fork, cudaEvent
   return 0;
 }
 
+/* pinned, so that both copies are queued and one sync waits for them */
+static unsigned long long *host_slots[MLA_KV_MAX_DEVICES];
+
+int mla_kv_read_back(int dev, const int64_t *value_at, int64_t *value, int64_t *nbad) {
+  unsigned long long *bad = mla_kv_bad_counter(dev);
+  cudaStream_t s = mla_device_stream(dev);
+  if (!bad || !s) return -1;
+  if (!host_slots[dev]) {
+    void *h = NULL;
+    if (mla_cuda_check(cudaMallocHost(&h, 2 * sizeof(unsigned long long)), "cudaMallocHost (read-back slots)")) return -1;
+    host_slots[dev] = h;
+  }
+  unsigned long long *h = host_slots[dev];
+  if (mla_cuda_check(cudaMemcpyAsync(&h[0], bad, sizeof h[0], cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync")) return -1;
+  if (value_at &&
+      mla_cuda_check(cudaMemcpyAsync(&h[1], value_at, sizeof h[1], cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync"))
+    return -1;
+  if (mla_device_sync(dev)) return -1;
+  *nbad = (int64_t)h[0];
+  if (value_at) *value = (int64_t)h[1];
+  if (h[0] && mla_cuda_check(cudaMemsetAsync(bad, 0, sizeof h[0], s), "cudaMemsetAsync")) return -1;
+  return 0;
+}
+
 int mla_kv_need_tensor_scale(const mla_kv_cache *c, const char *what) {
   if (mla_layout_has_tensor_scale(&c->desc) && !c->view.tensor_scale)
     return mla_err("%s: the layout stores fields under a per-tensor scale; pass tensor_scale (an f32 tensor of 1 element)",

@@ -43,5 +43,9 @@ void *mla_kv_scratch(int dev, int64_t bytes, int64_t *have);
  * that overlaps the main stream's (recorded and waited on like any stream
  * work, so CUDA-graph capture follows the fork and the join). */
 int mla_kv_side_stream(int dev, cudaStream_t *side, cudaEvent_t *fork, cudaEvent_t *join);
+/* One host round trip: waits for dev's stream, then gives *value (the
+ * device i64 at value_at, when both are given) and the bad-index counter
+ * (*nbad, which is zeroed on the device when it was not zero). */
+int mla_kv_read_back(int dev, const int64_t *value_at, int64_t *value, int64_t *nbad);
 
 #endif

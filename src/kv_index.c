@@ -12,15 +12,7 @@
 
 int mla_kv_take_bad(int dev, int64_t *n) {
   *n = 0;
-  if (dev == MLA_CPU) return 0;
-  unsigned long long *bad = mla_kv_bad_counter(dev), host = 0;
-  if (!bad) return -1;
-  cudaStream_t s = mla_device_stream(dev);
-  if (!s || mla_cuda_check(cudaMemcpyAsync(&host, bad, sizeof host, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync") ||
-      mla_device_sync(dev) || mla_cuda_check(cudaMemsetAsync(bad, 0, sizeof host, s), "cudaMemsetAsync"))
-    return -1;
-  *n = (int64_t)host;
-  return 0;
+  return dev == MLA_CPU ? 0 : mla_kv_read_back(dev, NULL, NULL, n);
 }
 
 /* Indices of any 1- or 2-dim shape as a matrix (1-dim: one row). */
@@ -89,95 +81,90 @@ static int compact_cpu(const mla_kv_cache *c, const mla_tensor *indices, const m
   return rc;
 }
 
-/* Exact mode: marks and ranks, reads the count back (a sync), allocates the
- * outputs, then lists, gathers and remaps. */
+/* The CUDA steps both modes share. Marking and ranking use the per-device
+ * scratch: a 32-byte header (the ranking's ticket, then the exact mode's
+ * count), then flags and ranks, each region as long as the scratch allows
+ * (fixed offsets, so a call with fewer pages finds zero flags); zero when
+ * allocated, and every call leaves its flags and the ticket zero. The list
+ * goes to pages when given (capacity mode: cap entries, -1 tail). */
+typedef struct {
+  cudaStream_t s;
+  unsigned long long *bad;
+  int32_t *rank;
+  int64_t *count; /* the scratch's count slot */
+} compact_run;
+
+static int compact_mark_rank(const mla_kv_cache *c, int dev, const mla_kv_imat *idx, int64_t *count, int64_t *pages,
+                             int64_t cap, compact_run *r) {
+  int64_t np = c->view.num_pages, have = 0;
+  if (mla_kv_cuda_ctx(dev, &r->s, &r->bad)) return -1;
+  const int64_t npa = (np + 4) & ~(int64_t)3;
+  unsigned int *ticket = mla_kv_scratch(dev, 32 + 2 * npa * (int64_t)sizeof(int32_t), &have);
+  if (!ticket) return -1;
+  int32_t *flags = (int32_t *)((char *)ticket + 32);
+  r->rank = flags + (((have - 32) / 8) & ~(int64_t)3); /* 16-byte aligned */
+  r->count = (int64_t *)((char *)ticket + 16);
+  if (!count) count = r->count;
+  if (np <= mla_cuda_kv_mark_rank_pages_max())
+    return mla_kv_launched(dev,
+                           mla_cuda_kv_mark_rank_pages(idx, c->desc.block_size, np, flags, r->rank, count, pages, cap,
+                                                       ticket, r->bad, r->s),
+                           "mla_kv_mark_rank_pages");
+  if (mla_kv_launched(dev, mla_cuda_kv_mark_pages(idx, c->desc.block_size, np, flags, r->bad, r->s), "mla_kv_mark_pages"))
+    return -1;
+  return mla_kv_launched(dev, mla_cuda_kv_rank_pages(flags, np, r->rank, count, pages, cap, r->s), "mla_kv_rank_pages");
+}
+
+/* Gathers the listed pages into out and remaps the indices; the remap needs
+ * only the ranks, so it runs on the side stream beside the gather (both read
+ * what the ranking wrote, neither writes what the other reads). */
+static int compact_gather_remap(const mla_kv_cache *c, int dev, const mla_kv_imat *idx, const compact_run *r,
+                                const mla_kv_ivec *list, const mla_kv_rows *out, mla_tensor *remap, int64_t cap) {
+  cudaStream_t side;
+  cudaEvent_t fork, join;
+  mla_kv_omat rm;
+  if (remap_arg(remap, dev, &rm) || mla_kv_side_stream(dev, &side, &fork, &join)) return -1;
+  int rc = mla_cuda_check(cudaEventRecord(fork, r->s), "cudaEventRecord");
+  if (!rc) rc = mla_cuda_check(cudaStreamWaitEvent(side, fork, 0), "cudaStreamWaitEvent");
+  if (!rc)
+    rc = mla_kv_launched(dev, mla_cuda_kv_remap_compact(idx, r->rank, c->desc.block_size, c->view.num_pages, cap, &rm, side),
+                         "mla_kv_remap_compact");
+  if (!rc) rc = mla_cuda_check(cudaEventRecord(join, side), "cudaEventRecord");
+  if (!rc) rc = mla_kv_launched(dev, mla_cuda_kv_gather_pages(c, list, out, r->bad, r->s), "mla_kv_gather_pages");
+  if (!rc) rc = mla_cuda_check(cudaStreamWaitEvent(r->s, join, 0), "cudaStreamWaitEvent");
+  return rc;
+}
+
+/* Exact mode: marks and ranks, reads the count and the bad-index counter
+ * back (the one host sync), allocates the outputs, then lists, gathers and
+ * remaps; nothing waits at the end. */
 static int compact_cuda_exact(const mla_kv_cache *c, int dev, const mla_tensor *indices, const mla_kv_imat *idx,
                               compact_out *o) {
   int64_t np = c->view.num_pages, count = 0, nbad = 0;
-  const int64_t npa = (np + 4) & ~(int64_t)3; /* rank 16-byte aligned too */
-  int64_t scratch = 2 * npa * (int64_t)sizeof(int32_t) + 16;
-  unsigned long long *bad = mla_kv_bad_counter(dev);
-  cudaStream_t s = mla_device_stream(dev);
-  void *buf = NULL;
-  if (!bad || !s || mla_device_alloc(dev, scratch, &buf)) return -1;
-  int64_t *dcount = buf; /* then flags (16-byte aligned, for the ranking's vector loads), ranks */
-  int32_t *flags = (int32_t *)((char *)buf + 16), *rank = flags + npa;
-  int rc = mla_kv_launched(dev, mla_cuda_kv_mark_pages(idx, c->desc.block_size, np, flags, bad, s), "mla_kv_mark_pages");
-  if (!rc)
-    rc = mla_kv_launched(dev, mla_cuda_kv_rank_pages(flags, np, rank, dcount, NULL, 0, s), "mla_kv_rank_pages");
-  if (!rc) rc = mla_cuda_check(cudaMemcpyAsync(&count, dcount, sizeof count, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
-  if (!rc) rc = mla_kv_take_bad(dev, &nbad); /* synchronizes: count is valid after it */
-  if (!rc && nbad)
-    rc = mla_err("%lld indices are past the cache (%lld pages of %d tokens; counted since the last check)", (long long)nbad,
-                 (long long)np, c->desc.block_size);
-  if (!rc) rc = alloc_exact(c, dev, indices, count, o);
-  if (!rc)
-    rc = mla_kv_launched(dev, mla_cuda_kv_list_pages(rank, np, dcount, o->page_list, s), "mla_kv_list_pages");
-  if (!rc) {
-    mla_kv_ivec pl = {o->page_list, count, 1, 1};
-    mla_kv_rows out = {o->rows->storage->data, o->rows->sizes[0], o->ncols, o->ncols};
-    rc = mla_kv_launched(dev, mla_cuda_kv_gather_pages(c, &pl, &out, bad, s), "mla_kv_gather_pages");
-  }
-  mla_kv_omat rm;
-  if (!rc) rc = remap_arg(o->remap, dev, &rm);
-  if (!rc)
-    rc = mla_kv_launched(dev, mla_cuda_kv_remap_compact(idx, rank, c->desc.block_size, np, INT64_MAX, &rm, s),
-                         "mla_kv_remap_compact");
-  if (!rc) rc = mla_device_sync(dev); /* the scratch goes back to the allocator */
-  mla_device_free(dev, buf, scratch);
-  return rc;
+  compact_run r;
+  if (compact_mark_rank(c, dev, idx, NULL, NULL, 0, &r) || mla_kv_read_back(dev, r.count, &count, &nbad)) return -1;
+  if (nbad)
+    return mla_err("%lld indices are past the cache (%lld pages of %d tokens; counted since the last check)",
+                   (long long)nbad, (long long)np, c->desc.block_size);
+  if (alloc_exact(c, dev, indices, count, o)) return -1;
+  if (mla_kv_launched(dev, mla_cuda_kv_list_pages(r.rank, np, r.count, o->page_list, r.s), "mla_kv_list_pages"))
+    return -1;
+  mla_kv_ivec list = {o->page_list, count, 1, 1};
+  mla_kv_rows out = {o->rows->storage->data, o->rows->sizes[0], o->ncols, o->ncols};
+  return compact_gather_remap(c, dev, idx, &r, &list, &out, o->remap, INT64_MAX);
 }
 
 /* Capacity mode: every step on the stream, no host sync (CUDA-graph safe
  * once the per-device scratch has its size). The gather runs over all cap
  * pages; the list's -1 tail leaves their rows untouched. */
 static int compact_cuda_into(const mla_kv_cache *c, int dev, const mla_kv_imat *idx, compact_out *o) {
-  int64_t np = c->view.num_pages;
-  cudaStream_t s;
-  unsigned long long *bad;
-  if (mla_kv_cuda_ctx(dev, &s, &bad)) return -1;
-  /* scratch: the ticket (16 bytes), then flags and ranks, each region as
-   * long as the scratch allows (fixed offsets, so a call with fewer pages
-   * finds zero flags); zero when allocated, and every call leaves its flags
-   * and the ticket zero */
-  int64_t have = 0;
-  const int64_t npa = (np + 4) & ~(int64_t)3;
-  unsigned int *ticket = mla_kv_scratch(dev, 16 + 2 * npa * (int64_t)sizeof(int32_t), &have);
-  if (!ticket) return -1;
-  int32_t *flags = (int32_t *)(ticket + 4), *rank = flags + (((have - 16) / 8) & ~(int64_t)3); /* 16-byte aligned */
-  int64_t *pages = o->page_list, *count = o->count_at;
   mla_kv_rows out;
-  mla_kv_omat rm;
-  if (mla_kv_arg_rows(o->rows, "out", dev, 1, &out) || remap_arg(o->remap, dev, &rm)) return -1;
+  compact_run r;
+  if (mla_kv_arg_rows(o->rows, "out", dev, 1, &out)) return -1;
   out.cols = o->ncols;
-  int rc;
-  if (np <= mla_cuda_kv_mark_rank_pages_max()) {
-    rc = mla_kv_launched(dev,
-                         mla_cuda_kv_mark_rank_pages(idx, c->desc.block_size, np, flags, rank, count, pages, o->cap,
-                                                     ticket, bad, s),
-                         "mla_kv_mark_rank_pages");
-  } else {
-    rc = mla_kv_launched(dev, mla_cuda_kv_mark_pages(idx, c->desc.block_size, np, flags, bad, s), "mla_kv_mark_pages");
-    if (!rc)
-      rc = mla_kv_launched(dev, mla_cuda_kv_rank_pages(flags, np, rank, count, pages, o->cap, s), "mla_kv_rank_pages");
-  }
-  /* the remap needs only the ranks: it runs on the side stream, beside the
-   * page gather (both read what rank wrote, neither writes what the other reads) */
-  cudaStream_t side;
-  cudaEvent_t fork, join;
-  if (!rc) rc = mla_kv_side_stream(dev, &side, &fork, &join);
-  if (!rc) rc = mla_cuda_check(cudaEventRecord(fork, s), "cudaEventRecord");
-  if (!rc) rc = mla_cuda_check(cudaStreamWaitEvent(side, fork, 0), "cudaStreamWaitEvent");
-  if (!rc)
-    rc = mla_kv_launched(dev, mla_cuda_kv_remap_compact(idx, rank, c->desc.block_size, np, o->cap, &rm, side),
-                         "mla_kv_remap_compact");
-  if (!rc) rc = mla_cuda_check(cudaEventRecord(join, side), "cudaEventRecord");
-  if (!rc) {
-    mla_kv_ivec pl = {pages, o->cap, 1, 1};
-    rc = mla_kv_launched(dev, mla_cuda_kv_gather_pages(c, &pl, &out, bad, s), "mla_kv_gather_pages");
-  }
-  if (!rc) rc = mla_cuda_check(cudaStreamWaitEvent(s, join, 0), "cudaStreamWaitEvent");
-  return rc;
+  if (compact_mark_rank(c, dev, idx, o->count_at, o->page_list, o->cap, &r)) return -1;
+  mla_kv_ivec list = {o->page_list, o->cap, 1, 1};
+  return compact_gather_remap(c, dev, idx, &r, &list, &out, o->remap, o->cap);
 }
 
 static int compact_check(const mla_kv_cache *c, int dev, const mla_tensor *indices, mla_kv_imat *idx, int64_t ncols) {

@@ -362,17 +362,36 @@ template <class L> constexpr int kvw_default_stage() {
   return kvw::stage_ok<L>() && L::host.region_row_bytes[0] % 32 != 0 ? 1 : 0;
 }
 template <class L> constexpr int kvw_default_ut() { return 1; }
+// Prefetch (MLALAB_KV_WRITE_PF=0/1; unset: the default below).
+int spec_pf() {
+  static int v = -2;
+  if (v == -2) v = env_choice("MLALAB_KV_WRITE_PF");
+  return v;
+}
+template <class L> constexpr int kvw_default_pf() { return 0; }
 
-template <class L, int MB, int ST, int UT> cudaError_t launch_spec(const kvw::wargs &a, cudaStream_t s) {
-  auto k = kvw::write_spec_kernel<L, MB, ST, UT>;
+template <class L, int MB, int ST, int UT, int PF = 0> cudaError_t launch_spec(const kvw::wargs &a, cudaStream_t s) {
+  auto k = kvw::write_spec_kernel<L, MB, ST, UT, PF>;
   constexpr int64_t per_block = (int64_t)(kvw::kSpecThreads / 32) * (32 / kvw::lpt<L>()) * UT;
-  k<<<grid_for(k, 0, (a.n + per_block - 1) / per_block), kvw::kSpecThreads, 0, s>>>(a);
+  constexpr size_t smem = PF ? kvw::prefetch_bytes<L>(UT) : 0;
+  if constexpr (smem > 48 * 1024) {
+    static cudaError_t opted = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (opted != cudaSuccess) return opted;
+  }
+  k<<<grid_for(k, smem, (a.n + per_block - 1) / per_block), kvw::kSpecThreads, smem, s>>>(a);
   return cudaGetLastError();
 }
 
 template <class L> cudaError_t launch_spec_pick(const kvw::wargs &a, cudaStream_t s) {
   if (spec_mb() == 4) return launch_spec<L, 4, 0, 1>(a, s);
-  int st = spec_stage(), ut = spec_ut();
+  int st = spec_stage(), ut = spec_ut(), pf = spec_pf();
+  if (pf < 0) pf = kvw_default_pf<L>();
+  // two tiles of rows per warp must leave room for 3 blocks per SM
+  if constexpr (!kvw::stage_ok<L>() || L::host.region_row_bytes[0] % 32 == 0) {
+    if constexpr (kvw::prefetch_bytes<L>(1) <= 72 * 1024) {
+      if (pf == 1) return launch_spec<L, 3, 0, 1, 1>(a, s);
+    }
+  }
   if (st < 0) st = kvw_default_stage<L>();
   if (ut < 0) ut = kvw_default_ut<L>();
   if constexpr (kvw::stage_ok<L>() && kvw::nslots<L>() <= 4) {

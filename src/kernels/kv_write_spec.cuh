@@ -295,7 +295,13 @@ constexpr int kSpecThreads = 256;
 // range when their slots are consecutive in one page (whole 32-byte sectors
 // per store instruction, e.g. for the 656-byte fp8_ds_mla rows), else row by
 // row. UT: token sets (TPW tokens each) per warp and tile.
-template <class L, int MB, int ST, int UT>
+// PF (prefetch): the source rows of the warp's next tile are copied into a
+// warp-private shared-memory buffer (cp.async, two tiles per warp) while the
+// current tile is quantized, so every warp keeps a tile of loads in flight
+// (the kernel is latency-bound: without it a warp's loads wait for its math).
+template <class L> constexpr int prefetch_bytes(int ut) { return (kSpecThreads / 32) * 2 * ut * nslots<L>() * 32 * 16; }
+
+template <class L, int MB, int ST, int UT, int PF>
 __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __grid_constant__ wargs A) {
   constexpr int P = lpt<L>(), NS = nslots<L>(), TPW = 32 / P, NI = n_items<L>();
   constexpr int BS = block_size<L>();
@@ -332,6 +338,29 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
     return A.is64 ? (int64_t)__ldg((const long long *)A.slots + t * A.slot_stride)
                   : (int64_t)__ldg((const int *)A.slots + t * A.slot_stride);
   };
+  // PF: slot (b, u, i) of this lane at pf_warp + ((b * UT + u) * NS + i) * 512 + lane * 16
+  extern __shared__ __align__(16) unsigned char pf_buf[];
+  const uint32_t pf_warp = PF ? (threadIdx.x >> 5) * (2 * UT * NS * 512) + lane * 16 : 0;
+  auto pf_issue = [&](int64_t tile, int b) {
+    if (tile < ntiles) {
+#pragma unroll
+      for (int u = 0; u < UT; u++) {
+        const int64_t t = tile * per_tile + u * TPW + grp;
+        if (t < A.n) {
+          const unsigned char *ar = A.a + t * A.a_stride, *br = A.b + t * A.b_stride;
+          const uint32_t d = (uint32_t)__cvta_generic_to_shared(pf_buf) + pf_warp + (b * UT + u) * NS * 512;
+#pragma unroll
+          for (int i = 0; i < NS; i++) {
+            const int c = P * i + sub;
+            mla::cp_async16(d + i * 512, (c < A.splitc ? ar : br) + 16 * c, 16);
+          }
+        }
+      }
+    }
+    mla::cp_async_commit();
+  };
+  int pb = 0;
+  if constexpr (PF) pf_issue(warp, 0);
   int64_t next[UT];
 #pragma unroll
   for (int u = 0; u < UT; u++) next[u] = load_slot(warp, u);
@@ -353,14 +382,28 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
       pg[u] = A.base + (state[u] == 1 ? page : 0) * A.page_stride;
     }
     uint4 w[UT][NS];
+    if constexpr (PF) {
+      // the next tile's copies go out before this tile's are waited for; a
+      // lane reads only what it copied, so its own wait is enough
+      pf_issue(tile + nwarps, pb ^ 1);
+      mla::cp_async_wait<1>();
 #pragma unroll
-    for (int u = 0; u < UT; u++) {
-      const unsigned char *ar = A.a + tok[u] * A.a_stride, *br = A.b + tok[u] * A.b_stride;
+      for (int u = 0; u < UT; u++)
 #pragma unroll
-      for (int i = 0; i < NS; i++) {
-        const int c = P * i + sub;
-        if (state[u] == 1) w[u][i] = __ldg(reinterpret_cast<const uint4 *>((c < A.splitc ? ar : br) + 16 * c));
-        else w[u][i] = make_uint4(0, 0, 0, 0);
+        for (int i = 0; i < NS; i++)
+          w[u][i] = state[u] == 1 ? *reinterpret_cast<const uint4 *>(pf_buf + pf_warp + ((pb * UT + u) * NS + i) * 512)
+                                  : make_uint4(0, 0, 0, 0);
+      pb ^= 1;
+    } else {
+#pragma unroll
+      for (int u = 0; u < UT; u++) {
+        const unsigned char *ar = A.a + tok[u] * A.a_stride, *br = A.b + tok[u] * A.b_stride;
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+          const int c = P * i + sub;
+          if (state[u] == 1) w[u][i] = __ldg(reinterpret_cast<const uint4 *>((c < A.splitc ? ar : br) + 16 * c));
+          else w[u][i] = make_uint4(0, 0, 0, 0);
+        }
       }
     }
 #pragma unroll
