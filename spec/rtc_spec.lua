@@ -199,6 +199,7 @@ extern "C" __global__ void res_kernel(float *out, int i, int j) {
   it("reports registers, shared memory and the stack frame of each kernel from ptxas, without a GPU", function()
     local m = rtc.compile { source = fresh(SRC), name = "res.cu", arch = ARCH }
     local r = m:resources("res_kernel")
+    assert(r, "no resources for res_kernel (" .. tostring(m.cache_state) .. "); log:\n" .. tostring(m.rec.log))
     assert.is_true(r.registers > 0 and r.registers <= 255)
     assert.equal(1024, r.shared_mem)
     assert.equal(1024, r.stack) -- the run-time indexed array lives in local memory
@@ -208,6 +209,7 @@ extern "C" __global__ void res_kernel(float *out, int i, int j) {
   it("reports spills when registers are capped", function()
     local m = rtc.compile { source = fresh(source(64)), name = "res.cu", arch = ARCH, options = { "-maxrregcount=24" } }
     local r = m:resources("res_kernel")
+    assert(r, "no resources for res_kernel (" .. tostring(m.cache_state) .. "); log:\n" .. tostring(m.rec.log))
     assert.is_true(r.registers <= 24)
     assert.is_true(r.spill_stores > 0 and r.spill_loads > 0)
   end)

@@ -83,15 +83,16 @@ static int compact_cpu(const mla_kv_cache *c, const mla_tensor *indices, const m
 
 /* The CUDA steps both modes share. Marking and ranking use the per-device
  * scratch: a 32-byte header (the ranking's ticket, then the exact mode's
- * count), then flags and ranks, each region as long as the scratch allows
- * (fixed offsets, so a call with fewer pages finds zero flags); zero when
- * allocated, and every call leaves its flags and the ticket zero. The list
- * goes to pages when given (capacity mode: cap entries, -1 tail). */
+ * count), then flags, ranks (F entries each) and a page list (F i64), F as
+ * large as the scratch allows (fixed offsets, so a call with fewer pages
+ * finds zero flags); zero when allocated, and every call leaves its flags and
+ * the ticket zero. The list goes to pages when given (capacity mode: cap
+ * entries, -1 tail), else to the scratch's list. */
 typedef struct {
   cudaStream_t s;
   unsigned long long *bad;
   int32_t *rank;
-  int64_t *count; /* the scratch's count slot */
+  int64_t *count, *list; /* the scratch's count slot and page list */
 } compact_run;
 
 static int compact_mark_rank(const mla_kv_cache *c, int dev, const mla_kv_imat *idx, int64_t *count, int64_t *pages,
@@ -99,12 +100,15 @@ static int compact_mark_rank(const mla_kv_cache *c, int dev, const mla_kv_imat *
   int64_t np = c->view.num_pages, have = 0;
   if (mla_kv_cuda_ctx(dev, &r->s, &r->bad)) return -1;
   const int64_t npa = (np + 4) & ~(int64_t)3;
-  unsigned int *ticket = mla_kv_scratch(dev, 32 + 2 * npa * (int64_t)sizeof(int32_t), &have);
+  unsigned int *ticket = mla_kv_scratch(dev, 32 + 16 * npa, &have);
   if (!ticket) return -1;
+  const int64_t F = ((have - 32) / 16) & ~(int64_t)3; /* keeps every region 16-byte aligned */
   int32_t *flags = (int32_t *)((char *)ticket + 32);
-  r->rank = flags + (((have - 32) / 8) & ~(int64_t)3); /* 16-byte aligned */
+  r->rank = flags + F;
+  r->list = (int64_t *)(r->rank + F);
   r->count = (int64_t *)((char *)ticket + 16);
   if (!count) count = r->count;
+  if (!pages) pages = r->list, cap = np;
   if (np <= mla_cuda_kv_mark_rank_pages_max())
     return mla_kv_launched(dev,
                            mla_cuda_kv_mark_rank_pages(idx, c->desc.block_size, np, flags, r->rank, count, pages, cap,
@@ -124,20 +128,23 @@ static int compact_gather_remap(const mla_kv_cache *c, int dev, const mla_kv_ima
   cudaEvent_t fork, join;
   mla_kv_omat rm;
   if (remap_arg(remap, dev, &rm) || mla_kv_side_stream(dev, &side, &fork, &join)) return -1;
+  /* the fork is recorded before the gather, so the remap does not wait for it;
+   * the gather is queued first, so the GPU starts on it at once */
   int rc = mla_cuda_check(cudaEventRecord(fork, r->s), "cudaEventRecord");
+  if (!rc) rc = mla_kv_launched(dev, mla_cuda_kv_gather_pages(c, list, out, r->bad, r->s), "mla_kv_gather_pages");
   if (!rc) rc = mla_cuda_check(cudaStreamWaitEvent(side, fork, 0), "cudaStreamWaitEvent");
   if (!rc)
     rc = mla_kv_launched(dev, mla_cuda_kv_remap_compact(idx, r->rank, c->desc.block_size, c->view.num_pages, cap, &rm, side),
                          "mla_kv_remap_compact");
   if (!rc) rc = mla_cuda_check(cudaEventRecord(join, side), "cudaEventRecord");
-  if (!rc) rc = mla_kv_launched(dev, mla_cuda_kv_gather_pages(c, list, out, r->bad, r->s), "mla_kv_gather_pages");
   if (!rc) rc = mla_cuda_check(cudaStreamWaitEvent(r->s, join, 0), "cudaStreamWaitEvent");
   return rc;
 }
 
-/* Exact mode: marks and ranks, reads the count and the bad-index counter
- * back (the one host sync), allocates the outputs, then lists, gathers and
- * remaps; nothing waits at the end. */
+/* Exact mode: marks, ranks and lists into the scratch, reads the count and
+ * the bad-index counter back (the one host sync), allocates the rows and
+ * starts their gather from the scratch's list at once (the GPU idles only
+ * for that), then copies the list out and remaps; nothing waits at the end. */
 static int compact_cuda_exact(const mla_kv_cache *c, int dev, const mla_tensor *indices, const mla_kv_imat *idx,
                               compact_out *o) {
   int64_t np = c->view.num_pages, count = 0, nbad = 0;
@@ -147,11 +154,13 @@ static int compact_cuda_exact(const mla_kv_cache *c, int dev, const mla_tensor *
     return mla_err("%lld indices are past the cache (%lld pages of %d tokens; counted since the last check)",
                    (long long)nbad, (long long)np, c->desc.block_size);
   if (alloc_exact(c, dev, indices, count, o)) return -1;
-  if (mla_kv_launched(dev, mla_cuda_kv_list_pages(r.rank, np, r.count, o->page_list, r.s), "mla_kv_list_pages"))
-    return -1;
-  mla_kv_ivec list = {o->page_list, count, 1, 1};
+  mla_kv_ivec list = {r.list, count, 1, 1};
   mla_kv_rows out = {o->rows->storage->data, o->rows->sizes[0], o->ncols, o->ncols};
-  return compact_gather_remap(c, dev, idx, &r, &list, &out, o->remap, INT64_MAX);
+  if (compact_gather_remap(c, dev, idx, &r, &list, &out, o->remap, INT64_MAX)) return -1;
+  return count ? mla_cuda_check(cudaMemcpyAsync(o->page_list, r.list, (size_t)count * sizeof(int64_t),
+                                                cudaMemcpyDeviceToDevice, r.s),
+                                "cudaMemcpyAsync (page list)")
+               : 0;
 }
 
 /* Capacity mode: every step on the stream, no host sync (CUDA-graph safe

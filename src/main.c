@@ -558,6 +558,12 @@ static int pmain(lua_State *L) {
 }
 
 int main(int argc, char **argv) {
+  /* NVRTC (CUDA 12.9+) takes cubins from the driver's compute cache when a
+   * driver is present, and then ptxas does not run: the log has no resource
+   * report (registers, spills) for mla.rtc to read. mlalab keeps its own
+   * content-addressed kernel cache, so the driver's is switched off for this
+   * process before anything loads CUDA, unless the user set the variable. */
+  setenv("CUDA_CACHE_DISABLE", "1", 0);
   lua_State *L = luaL_newstate();
   if (L == NULL) {
     l_message(argv[0], "cannot create state: not enough memory");

@@ -520,13 +520,6 @@ __global__ void __launch_bounds__(kScanThreads)
   if (threadIdx.x == 0) *ticket = 0;
 }
 
-// pages[rank[p]] = p for each referenced p: those whose successor's rank
-// (the count, for the last page) is one more (ranking zeroed the flags).
-__global__ void list_kernel(const int32_t *rank, int64_t n, const int64_t *count, int64_t *pages) {
-  for (int64_t p = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; p < n; p += (int64_t)gridDim.x * blockDim.x)
-    if ((p + 1 < n ? (int64_t)rank[p + 1] : *count) > rank[p]) pages[rank[p]] = p;
-}
-
 __global__ void remap_kernel(const mla_kv_imat idx, const int32_t *rank, int64_t bs, int64_t num_pages,
                              int64_t cap, const mla_kv_omat out) {
   const int64_t n = idx.rows * idx.cols;
@@ -612,13 +605,6 @@ extern "C" cudaError_t mla_cuda_kv_mark_rank_pages(const mla_kv_imat *idx, int64
   g = g < 1 ? 1 : g > 132 ? 132 : g;
   mark_rank_kernel<<<(int)g, kScanThreads, (size_t)(num_pages > 0 ? num_pages : 1), s>>>(
       *idx, block_size, num_pages, flags, rank, count, pages, cap, ticket, bad);
-  return cudaGetLastError();
-}
-
-extern "C" cudaError_t mla_cuda_kv_list_pages(const int32_t *rank, int64_t num_pages, const int64_t *count,
-                                              int64_t *pages, cudaStream_t s) {
-  if (num_pages == 0) return cudaSuccess;
-  list_kernel<<<elementwise_grid(num_pages), kThreads, 0, s>>>(rank, num_pages, count, pages);
   return cudaGetLastError();
 }
 

@@ -63,11 +63,11 @@ cudaError_t mla_cuda_kv_requant(const mla_kv_cache *src, const mla_kv_cache *dst
 
 /* Compaction of referenced pages: flags[p] = 1 for every page an index >= 0
  * refers to (flags zeroed here first); rank = exclusive prefix sum of flags,
- * *count = total (ranking leaves the flags zero); pages[rank[p]] = p for
- * referenced p; remap of the indices into the compact numbering
+ * *count = total (ranking leaves the flags zero); remap of the indices into the compact numbering
  * (rank[page] * bs + offset, -1 kept).
- * Capacity mode: rank_pages also lists the pages (pages != NULL, those of
- * rank >= cap dropped, [count, cap) = -1) and remap gives -1 for ranks >= cap.
+ * rank_pages also lists the pages when pages != NULL: pages[rank[p]] = p for
+ * referenced p, those of rank >= cap dropped, [count, cap) = -1; remap gives
+ * -1 for ranks >= cap.
  * mark_rank_pages marks and ranks in one launch (num_pages up to
  * mark_rank_pages_max()); flags and *ticket must be zero on entry and are
  * left zero. */
@@ -79,8 +79,6 @@ int mla_cuda_kv_mark_rank_pages_max(void);
 cudaError_t mla_cuda_kv_mark_rank_pages(const mla_kv_imat *idx, int64_t block_size, int64_t num_pages, int32_t *flags,
                                         int32_t *rank, int64_t *count, int64_t *pages, int64_t cap,
                                         unsigned int *ticket, unsigned long long *bad, cudaStream_t s);
-cudaError_t mla_cuda_kv_list_pages(const int32_t *rank, int64_t num_pages, const int64_t *count, int64_t *pages,
-                                   cudaStream_t s);
 cudaError_t mla_cuda_kv_remap_compact(const mla_kv_imat *idx, const int32_t *rank, int64_t block_size,
                                       int64_t num_pages, int64_t cap, const mla_kv_omat *out, cudaStream_t s);
 
