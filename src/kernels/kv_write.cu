@@ -403,33 +403,6 @@ template <class L> cudaError_t launch_spec_pick(const kvw::wargs &a, cudaStream_
   return launch_spec<L, 3, 0, 1>(a, s);
 }
 
-// L's scale-code table on the current device, built on first use (on s,
-// then waited for, so that any stream may read it); NULL when L has none, or
-// while s is being captured into a graph before the table exists (the kernel
-// then computes the scales).
-template <class L> const uint4 *scale_codes(cudaStream_t s, cudaError_t *err) {
-  if constexpr (kvw::table_field<L>() < 0) {
-    return nullptr;
-  } else {
-    static void *tables[64];
-    int dev = 0;
-    if ((*err = cudaGetDevice(&dev)) != cudaSuccess || dev < 0 || dev >= 64) return nullptr;
-    if (!tables[dev]) {
-      cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-      if ((*err = cudaStreamIsCapturing(s, &cs)) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return nullptr;
-      void *p = nullptr;
-      if ((*err = cudaMalloc(&p, kvw::kScaleTableSize)) != cudaSuccess) return nullptr;
-      kvw::scale_table_kernel<L><<<kvw::kScaleTableSize / 256, 256, 0, s>>>((unsigned char *)p);
-      if ((*err = cudaGetLastError()) != cudaSuccess || (*err = cudaStreamSynchronize(s)) != cudaSuccess) {
-        cudaFree(p);
-        return nullptr;
-      }
-      tables[dev] = p;
-    }
-    return (const uint4 *)tables[dev];
-  }
-}
-
 // Runs L's variant when the descriptor is L's and every address allows the
 // variant's 16-byte accesses; false: not taken (the generic kernel runs).
 template <class L>
@@ -455,8 +428,6 @@ bool try_spec(const mla_kv_cache *c, const mla_kv_ivec *slots, const mla_kv_src_
     a.b_stride = has_b ? 2 * src->b.stride : a.a_stride;
     a.splitc = (int)(split / 8);
     a.bad = bad;
-    a.scale_codes = scale_codes<L>(s, err);
-    if (*err != cudaSuccess) return true;
     *err = launch_spec_pick<L>(a, s);
     mla_cuda_kv_note_variant(L::name);
     return true;

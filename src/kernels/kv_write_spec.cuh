@@ -129,26 +129,6 @@ template <class L> constexpr bool fast_e2m1(int f) {
   return f >= 0 && fld_dtype<L>(f) == MLA_E2M1 && fld_skind<L>(f) == MLA_SCALE_GROUP && fld_sdtype<L>(f) == MLA_E4M3 &&
          fld_smin<L>(f) >= 0x1p-9f;
 }
-// The field whose group scales come from a table (-1: none): fast e2m1 with
-// groups inside the lanes of a token (fp4_v41). Its scale code is a function
-// of the group's |x| max alone, a bf16 magnitude: 32768 codes, computed once
-// per device by scale_table_kernel with the very function the kernel would
-// run per group (so the lookup is bit-identical), replace ~20 instructions of
-// division, clamping, encoding and reciprocal per group by two shared loads.
-template <class L> constexpr int table_field() {
-  int tf = -1;
-  for (int f = 0; f < L::host.nfields; f++) {
-    const mla_layout_field &F = L::host.fields[f];
-    if (F.role == MLA_FIELD_DATA && F.scale_kind == MLA_SCALE_GROUP && F.dtype == MLA_E2M1 && F.scale_dtype == MLA_E4M3 &&
-        F.scale_min >= 0x1p-9f && F.group / 8 < lpt<L>()) {
-      if (tf >= 0) return -1; // one table per layout
-      tf = f;
-    }
-  }
-  return tf;
-}
-constexpr int kScaleTableSize = 32768;
-
 template <class L> constexpr bool has_tensor_scale() {
   for (int f = 0; f < L::host.nfields; f++)
     if (L::host.fields[f].role == MLA_FIELD_DATA && L::host.fields[f].scale_kind == MLA_SCALE_TENSOR) return true;
@@ -306,7 +286,6 @@ struct wargs {
   int64_t a_stride, b_stride; // bytes
   int splitc;                 // chunks from a
   unsigned long long *bad;
-  const uint4 *scale_codes;   // table_field's codes by |x| max bits (NULL: computed)
 };
 
 constexpr int kSpecThreads = 256;
@@ -348,21 +327,6 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
   });
   mla::divisor tdiv;
   if constexpr (has_tensor_scale<L>()) tdiv = mla::make_divisor(A.tscale ? __ldg(A.tscale) : 1.0f);
-  // table_field's codes, and each code's decoded scale and reciprocal
-  constexpr int TF = table_field<L>();
-  __shared__ __align__(16) unsigned char tcode[TF >= 0 ? kScaleTableSize : 16];
-  __shared__ float2 tdec[TF >= 0 ? 256 : 1];
-  const bool use_table = TF >= 0 && A.scale_codes != nullptr;
-  if constexpr (TF >= 0) {
-    static_assert(kSpecThreads == 256, "one decoded scale per thread");
-    if (use_table) {
-      for (int k = threadIdx.x; k < kScaleTableSize / 16; k += kSpecThreads)
-        reinterpret_cast<uint4 *>(tcode)[k] = __ldg(A.scale_codes + k);
-      const float d = mla::e4m3_to_float((uint8_t)threadIdx.x);
-      tdec[threadIdx.x] = make_float2(d, owner_rcp<true>(d));
-      __syncthreads();
-    }
-  }
 
   const int64_t per_tile = (int64_t)TPW * UT;
   const int64_t ntiles = (A.n + per_tile - 1) / per_tile;
@@ -606,21 +570,14 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
                 if (r == j) a = sam[i + j];
               }
             });
-            float dec, rc;
-            uint32_t code;
-            if (f == TF && use_table) {
-              code = tcode[__float_as_uint(a) >> 16];
-              const float2 t = tdec[code];
-              dec = t.x, rc = t.y;
-            } else {
-              code = mla_encode_scale(sd, group_scale<L, f>(a, qdiv[f]), &dec);
-              rc = owner_rcp<fast_e2m1<L>(f)>(dec);
-            }
+            float dec;
+            const uint32_t code = mla_encode_scale(sd, group_scale<L, f>(a, qdiv[f]), &dec);
             // group of chunk P * (i + r) + sub within the field
             constexpr int lo8 = fld_lo8<L>(f), sreg = fld_sregion<L>(f), so = fld_soff<L>(f), ss = scale_bytes_of(sd);
             const int g = (P * (i + r) - lo8) / gn + sub / gn;
             if (live) store_scale<sd>(row[sreg] + so + g * ss, code);
             const int src = lane & ~(gn - 1);
+            const float rc = owner_rcp<fast_e2m1<L>(f)>(dec);
             static_for<gn>([&](auto jj) {
               constexpr int j = decltype(jj)::value;
               sdiv[i + j] = shared_divisor<fast_e2m1<L>(f)>(dec, rc, src + j);
@@ -697,18 +654,6 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
       }
     }
   }
-}
-
-// Entry b of table_field's table: the scale code of a group whose |x| max
-// has the bf16 magnitude bits b (NaN payloads included), exactly as the
-// kernel computes it.
-template <class L> __global__ void scale_table_kernel(unsigned char *codes) {
-  constexpr int f = table_field<L>();
-  const int b = blockIdx.x * blockDim.x + threadIdx.x;
-  if (b >= kScaleTableSize) return;
-  const mla::divisor q = mla::make_divisor(fld_qmax<L>(f));
-  float dec;
-  codes[b] = (unsigned char)mla_encode_scale(fld_sdtype<L>(f), group_scale<L, f>(__uint_as_float((uint32_t)b << 16), q), &dec);
 }
 
 } // namespace kvw
