@@ -63,8 +63,8 @@ cudaError_t mla_cuda_kv_requant(const mla_kv_cache *src, const mla_kv_cache *dst
 
 /* Compaction of referenced pages: flags[p] = 1 for every page an index >= 0
  * refers to (flags zeroed here first); rank = exclusive prefix sum of flags,
- * *count = total (ranking leaves the flags zero); remap of the indices into the compact numbering
- * (rank[page] * bs + offset, -1 kept).
+ * *count = total (ranking leaves the flags zero); remap of the indices into
+ * the compact numbering (rank[page] * bs + offset, -1 kept).
  * rank_pages also lists the pages when pages != NULL: pages[rank[p]] = p for
  * referenced p, those of rank >= cap dropped, [count, cap) = -1; remap gives
  * -1 for ranks >= cap.

@@ -343,15 +343,18 @@ int env_choice(const char *name) {
   const char *e = getenv(name);
   return e && e[0] >= '0' && e[0] <= '9' ? e[0] - '0' : -1;
 }
+// an environment choice read once per process (-2: not read yet)
+int env_choice_once(int &v, const char *name) {
+  if (v == -2) v = env_choice(name);
+  return v;
+}
 int spec_stage() {
   static int v = -2;
-  if (v == -2) v = env_choice("MLALAB_KV_WRITE_STAGE");
-  return v;
+  return env_choice_once(v, "MLALAB_KV_WRITE_STAGE");
 }
 int spec_ut() {
   static int v = -2;
-  if (v == -2) v = env_choice("MLALAB_KV_WRITE_UT");
-  return v;
+  return env_choice_once(v, "MLALAB_KV_WRITE_UT");
 }
 // Defaults. Rows whose size is not a multiple of the 32-byte sector (656 B
 // for fp8_ds_mla) are staged: direct 16-byte stores of odd tokens straddle
@@ -365,8 +368,7 @@ template <class L> constexpr int kvw_default_ut() { return 1; }
 // Prefetch (MLALAB_KV_WRITE_PF=0/1; unset: the default below).
 int spec_pf() {
   static int v = -2;
-  if (v == -2) v = env_choice("MLALAB_KV_WRITE_PF");
-  return v;
+  return env_choice_once(v, "MLALAB_KV_WRITE_PF");
 }
 // On for layouts of bf16 fields only (a copy with NaN canonicalization: the
 // prefetch keeps loads in flight while a warp stores): write bf16 +1.1 points
@@ -395,11 +397,9 @@ template <class L> cudaError_t launch_spec_pick(const kvw::wargs &a, cudaStream_
   if (spec_mb() == 4) return launch_spec<L, 4, 0, 1>(a, s);
   int st = spec_stage(), ut = spec_ut(), pf = spec_pf();
   if (pf < 0) pf = kvw_default_pf<L>();
-  // two tiles of rows per warp must leave room for 3 blocks per SM
-  if constexpr (!kvw::stage_ok<L>() || L::host.region_row_bytes[0] % 32 == 0) {
-    if constexpr (kvw::prefetch_bytes<L>(1) <= 72 * 1024) {
-      if (pf == 1) return launch_spec<L, 3, 0, 1, 1>(a, s);
-    }
+  // for layouts written unstaged; two tiles of rows per warp must leave room for 3 blocks per SM
+  if constexpr (kvw_default_stage<L>() == 0 && kvw::prefetch_bytes<L>(1) <= 72 * 1024) {
+    if (pf == 1) return launch_spec<L, 3, 0, 1, 1>(a, s);
   }
   if (st < 0) st = kvw_default_stage<L>();
   if (ut < 0) ut = kvw_default_ut<L>();
