@@ -503,7 +503,7 @@ describe("attention baked kernels", function()
   end)
 end)
 
--- The compile-time-specialized kernels (src/kernels/attn_fused_spec.cuh) serve 16-row tiles of a cache
+-- The compile-time-specialized kernels (src/kernels/attn_slice_spec.cuh) serve 16-row tiles of a cache
 -- whose descriptor equals (for reading) a built-in fp8 layout's; specialize = false forces the generic
 -- kernel. Both must match the reference on every fp8 built-in, dense and sparse, with one split and
 -- through the combine, and the plan and mla.attention.last_variant() must name what ran.

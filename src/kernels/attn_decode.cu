@@ -8,7 +8,7 @@
 
 #include "attn_decode_kernel.cuh"
 #include "attn_decode_wg.cuh"
-#include "attn_fused_spec.cuh"
+#include "attn_slice_spec.cuh"
 #include "device.h"
 #include "mla/layout_match.h"
 #include "mla_error.h"
@@ -76,16 +76,18 @@ int stages_within(int mr, int dqk, int identity, int pitch, int64_t budget) {
 }
 
 // The built-in layouts with compile-time-specialized kernels, matched by
-// descriptor equality (for reading): the 16-row staged kernel
-// (attn_fused_spec.cuh) and the wgmma kernel's compiled-in dequant.
+// descriptor equality (for reading): the 16-row kernel (attn_slice_spec.cuh,
+// 48- and 64-key tiles) and the wgmma kernel's compiled-in dequant.
 struct spec_variant {
   const char *name;
   const mla_layout_desc *desc;
-  const void *fn;    // 16-row kernel
-  const void *wg_fn; // wgmma kernel, staged tiles
+  const void *slice_fn[2]; // 16-row kernel: 48-, 64-key tiles
+  const void *wg_fn;       // wgmma kernel, staged tiles
 };
 template <class LS> spec_variant variant_of() {
-  return {LS::name, &LS::host, (const void *)mla_attn_spec::attn_decode_spec_kernel<LS>,
+  return {LS::name, &LS::host,
+          {(const void *)mla_attn_slice::attn_decode_slice_kernel<LS, 48>,
+           (const void *)mla_attn_slice::attn_decode_slice_kernel<LS, 64>},
           (const void *)wg::attn_decode_wg_kernel<LS::host.k_dims, wg::tile_keys(0), LS>};
 }
 const spec_variant *find_layout_spec(const mla_layout_desc &d) {
@@ -95,18 +97,17 @@ const spec_variant *find_layout_spec(const mla_layout_desc &d) {
     if (mla_layout_desc_same(&d, v.desc, 1)) return &v;
   return nullptr;
 }
-// The 16-row variant, if the view also allows its copies (alignment of base, strides) and its stage rows.
+// The 16-row variant, if the view also allows its copies (alignment of base and strides).
 const spec_variant *find_variant(const mla_layout_desc &d, const params &p) {
   const spec_variant *v = find_layout_spec(d);
-  if (!v || p.stage_pitch != mla_attn_spec::stage_pitch(*v->desc)) return nullptr;
+  if (!v) return nullptr;
   for (int r = 0; r < d.nregions; r++)
     if (p.reg_gran[r] < mla_attn_spec::region_gran(*v->desc, r)) return nullptr;
   return v;
 }
-
-int spec_stages_within(int dqk, int pitch, int64_t budget) {
+int slice_stages_within(int pitch, int bk, int nregions, int64_t budget) {
   for (int n = 4; n >= 2; n--)
-    if (mla_attn_spec::make_spec_smem(dqk, pitch, n).total <= budget) return n;
+    if (mla_attn_slice::make_slice_smem(pitch, n, bk, nregions).total <= budget) return n;
   return 0;
 }
 
@@ -207,9 +208,14 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
     nst = wg_nst, smem = wg_smem(dqk, p.identity, p.stage_pitch), tile = wg::tile_keys(p.identity);
     fn = wg_kernel(*d, dqk, p.identity);
   } else if (sv) {
-    nst = spec_stages_within(dqk, p.stage_pitch, per_sm / 2 - 1024);
-    if (!nst) ctas_per_sm = 1, nst = spec_stages_within(dqk, p.stage_pitch, props.max_smem_optin);
-    if (nst) smem = mla_attn_spec::make_spec_smem(dqk, p.stage_pitch, nst).total, fn = sv->fn;
+    // 64-key tiles where two CTAs per SM still fit (fewer barriers per key), else 48
+    const int nr = sv->desc->nregions;
+    p.stage_pitch = mla_attn_slice::slice_pitch(*sv->desc);
+    int bk = 64;
+    nst = slice_stages_within(p.stage_pitch, bk, nr, per_sm / 2 - 1024);
+    if (!nst) bk = 48, nst = slice_stages_within(p.stage_pitch, bk, nr, per_sm / 2 - 1024);
+    if (!nst) ctas_per_sm = 1, nst = slice_stages_within(p.stage_pitch, bk, nr, props.max_smem_optin);
+    if (nst) smem = mla_attn_slice::make_slice_smem(p.stage_pitch, nst, bk, nr).total, fn = sv->slice_fn[bk == 64], tile = bk;
     else sv = nullptr, ctas_per_sm = 2; // cannot happen on sm_80+; the generic path decides
   }
   if (!sv && !wgk) {
@@ -245,7 +251,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   p.out = (uint16_t *)out, p.lse = lse;
 
   dim3 grid((unsigned)ctas, (unsigned)ns);
-  const int nt = wgk ? wg::NT : sv ? mla_attn_spec::NT : threads_for(mr);
+  const int nt = wgk ? wg::NT : sv ? mla_attn_slice::NT : threads_for(mr);
   const char *variant = wgk ? "wgmma" : sv ? sv->name : "generic";
   void *args[] = {&p};
   cudaError_t e = cudaLaunchKernel(fn, grid, dim3(nt), args, (size_t)smem, stream);

@@ -24,7 +24,7 @@
 #include <type_traits>
 
 #include "attn_decode_kernel.cuh"
-#include "attn_fused_spec.cuh"
+#include "attn_spec_layouts.cuh"
 #include "mla/wgmma.cuh"
 
 namespace mla_attn {
@@ -129,7 +129,7 @@ __host__ __device__ constexpr bool warp_affine(const mla_layout_desc &d, int dqk
 }
 
 // Chunks wq, wq + 8, ... of one key (a raw stage row) into the swizzled K tile,
-// for a built-in layout known at compile time (attn_fused_spec.cuh): kinds,
+// for a built-in layout known at compile time (attn_spec_layouts.cuh): kinds,
 // scale offsets and data offsets (plus wq x 8 elements) are immediates.
 template <class LS, int DQK, int KB>
 __device__ __forceinline__ void dequant_key_spec(const unsigned char *row, unsigned char *kt, int n, int wq, float tscale) {
@@ -140,7 +140,7 @@ __device__ __forceinline__ void dequant_key_spec(const unsigned char *row, unsig
     constexpr spec_chunk k = chunk_at(LS::host, 64 * i);
     static_assert(k.kind != SK_BAD, "spec_ok layouts only");
     uint4 v = make_uint4(0, 0, 0, 0);
-    if constexpr (k.kind != SK_ZERO) v = convert<k.kind, false>(row, slot{0, k.kind, k.src + wq * 8 * k.esize, k.scale_src, 0}, tscale);
+    if constexpr (k.kind != SK_ZERO) v = convert<k.kind>(row, spec_chunk{k.kind, k.src + wq * 8 * k.esize, k.scale_src, k.esize}, tscale);
     *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, wq + 8 * i)) = v;
   });
 }
