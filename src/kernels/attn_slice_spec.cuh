@@ -15,7 +15,7 @@
 //     times 2^E at the end). bf16 slices run bf16 mma with bf16 Q and P;
 //   * P V reuses the converted K fragments as V^T through movmatrix
 //     (O^T = V^T P^T), so no V tile is written to shared memory;
-//   * per 32-key tile, two CTA barriers: the 8 S partials, then P.
+//   * per tile (48 or 64 keys), two CTA barriers: the 8 S partials, then P.
 // Rounding: K and V enter exactly (no bf16 rounding of code x scale); P is
 // rounded to f16 (bf16 on bf16 slices) after the scale factor. Outputs go
 // through shared memory so the global stores are whole rows.
@@ -121,20 +121,6 @@ __host__ __device__ inline slice_smem make_slice_smem(int pitch, int nstages, in
   return s;
 }
 
-__device__ __forceinline__ uint32_t e4m3x2_f16(uint32_t w16) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)w16, __NV_E4M3);
-  return (uint32_t)h.x | (uint32_t)h.y << 16;
-}
-__device__ __forceinline__ uint32_t movmatrix_t(uint32_t x) {
-  uint32_t r;
-  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
-  return r;
-}
-__device__ __forceinline__ uint32_t f16x2_of(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t *>(&h);
-}
-
 // K A fragments of one 16-key m-tile (keys g, g + 8 at rows r0, r1) for the 4
 // k-steps of a 64-dim run (src: the lane's first byte), and of one k-step of a
 // 16-dim run. Dim order: k-step j, fragment columns 2t4 + {0, 1} are the lane's
@@ -153,8 +139,8 @@ __device__ __forceinline__ void k_frags4(const unsigned char *r0, const unsigned
     const uint32_t xs[4] = {x.x, x.y, x.z, x.w}, ys[4] = {y.x, y.y, y.z, y.w};
 #pragma unroll
     for (int j = 0; j < 4; j++) {
-      a[j][0] = e4m3x2_f16(xs[j] & 0xFFFFu), a[j][1] = e4m3x2_f16(ys[j] & 0xFFFFu);
-      a[j][2] = e4m3x2_f16(xs[j] >> 16), a[j][3] = e4m3x2_f16(ys[j] >> 16);
+      a[j][0] = mla::e4m3x2_f16(xs[j]), a[j][1] = mla::e4m3x2_f16(ys[j]);
+      a[j][2] = mla::e4m3x2_f16(xs[j] >> 16), a[j][3] = mla::e4m3x2_f16(ys[j] >> 16);
     }
   }
 }
@@ -165,7 +151,7 @@ __device__ __forceinline__ void k_frags1(const unsigned char *r0, const unsigned
     a[0] = x.x, a[1] = y.x, a[2] = x.y, a[3] = y.y;
   } else {
     const uint32_t x = *reinterpret_cast<const uint32_t *>(r0 + src), y = *reinterpret_cast<const uint32_t *>(r1 + src);
-    a[0] = e4m3x2_f16(x & 0xFFFFu), a[1] = e4m3x2_f16(y & 0xFFFFu), a[2] = e4m3x2_f16(x >> 16), a[3] = e4m3x2_f16(y >> 16);
+    a[0] = mla::e4m3x2_f16(x), a[1] = mla::e4m3x2_f16(y), a[2] = mla::e4m3x2_f16(x >> 16), a[3] = mla::e4m3x2_f16(y >> 16);
   }
 }
 
@@ -279,10 +265,10 @@ __device__ __forceinline__ void pv_phase(const unsigned char *stage, const float
       const float *pr = Ps + (8 * nb + g) * PP + 16 * c + 2 * t4;
       const float2 lo = *reinterpret_cast<const float2 *>(pr), hi = *reinterpret_cast<const float2 *>(pr + 8);
       if constexpr (scaled_per_key(KIND)) {
-        pb[nb][0] = f16x2_of(lo.x * f[c][0], lo.y * f[c][1]);
-        pb[nb][1] = f16x2_of(hi.x * f[c][2], hi.y * f[c][3]);
+        pb[nb][0] = mla::pack_f16x2(lo.x * f[c][0], lo.y * f[c][1]);
+        pb[nb][1] = mla::pack_f16x2(hi.x * f[c][2], hi.y * f[c][3]);
       } else if constexpr (F16) {
-        pb[nb][0] = f16x2_of(lo.x, lo.y), pb[nb][1] = f16x2_of(hi.x, hi.y);
+        pb[nb][0] = mla::pack_f16x2(lo.x, lo.y), pb[nb][1] = mla::pack_f16x2(hi.x, hi.y);
       } else {
         pb[nb][0] = mla::pack_bf16x2(lo.x, lo.y), pb[nb][1] = mla::pack_bf16x2(hi.x, hi.y);
       }
@@ -293,7 +279,8 @@ __device__ __forceinline__ void pv_phase(const unsigned char *stage, const float
 #pragma unroll
     for (int j = 0; j < 4; j++) {
       // V^T tile: dims of k-step j x keys 16c..16c+15, the four 8x8 blocks of K transposed
-      const uint32_t vt[4] = {movmatrix_t(a[j][0]), movmatrix_t(a[j][2]), movmatrix_t(a[j][1]), movmatrix_t(a[j][3])};
+      const uint32_t vt[4] = {mla::movmatrix_trans(a[j][0]), mla::movmatrix_trans(a[j][2]), mla::movmatrix_trans(a[j][1]),
+                              mla::movmatrix_trans(a[j][3])};
 #pragma unroll
       for (int nb = 0; nb < 2; nb++) mla::mma_16816<F16>(o[j][nb], vt, pb[nb][0], pb[nb][1]);
     }
@@ -349,14 +336,6 @@ __device__ __forceinline__ void issue_tile(const params &p, unsigned char *stage
         else mla::cp_async4(dst + S1 + c * G, s, ok ? G : 0);
       }
     }
-  }
-}
-
-__device__ __forceinline__ void cp_async_wait_n(int n) {
-  switch (n) {
-  case 0: mla::cp_async_wait<0>(); break;
-  case 1: mla::cp_async_wait<1>(); break;
-  default: mla::cp_async_wait<2>(); break;
   }
 }
 
@@ -499,7 +478,7 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_slice_kernel(const __grid_c
     for (int nb = 0; nb < 2; nb++) o[j][nb][0] = o[j][nb][1] = o[j][nb][2] = o[j][nb][3] = 0.f;
   int e_run = -1000; // the warp's running scale exponent (per-key scaled slices)
 
-  cp_async_wait_n(nst - 2);
+  mla_attn::wait_stages(nst);
   __syncthreads(); // tile 0 landed
 
   const int niter = w.t_end - w.t_begin;
@@ -555,7 +534,7 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_slice_kernel(const __grid_c
       m_run[rr] = mnew;
       if (lane == 0) alpha_s[row] = alpha;
     }
-    cp_async_wait_n(nst - 2);
+    mla_attn::wait_stages(nst);
     __syncthreads(); // B2: P and alpha complete; the next tile landed
 
     if (in_a) pv_phase<KA, PITCH, BK>(stage, Ps, alpha_s, g, t4, rv, e_run, o);

@@ -64,10 +64,10 @@ __device__ __forceinline__ chunk_plan make_chunk_plan(const mla_layout_desc &d, 
   return c;
 }
 
-/* Pair i (elements 2i, 2i + 1) of 8 e4m3 codes as f16x2: exact, one conversion. */
-__device__ __forceinline__ __half2_raw e4m3x8_pair_f16(uint2 raw, int i) {
-  const uint32_t w = i < 2 ? raw.x : raw.y;
-  return __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((i & 1) ? w >> 16 : w & 0xffffu), __NV_E4M3);
+/* Two e4m3 codes (the low 16 bits of w) as f16x2: exact, one conversion. */
+__device__ __forceinline__ uint32_t e4m3x2_f16(uint32_t w) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w & 0xffffu), __NV_E4M3);
+  return (uint32_t)h.x | (uint32_t)h.y << 16;
 }
 
 /* 8 e4m3 codes times s, each product rounded once to bf16: packed fp8x2 ->
@@ -76,20 +76,9 @@ __device__ __forceinline__ uint4 e4m3x8_scaled_bf16(uint2 raw, float s) {
   uint32_t o[4];
 #pragma unroll
   for (int i = 0; i < 4; i++) {
-    __half2_raw h = e4m3x8_pair_f16(raw, i);
-    const float2 f = __half22float2(*reinterpret_cast<__half2 *>(&h));
+    const uint32_t w = i < 2 ? raw.x : raw.y, h = e4m3x2_f16((i & 1) ? w >> 16 : w);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
     o[i] = pack_bf16x2(__fmul_rn(f.x, s), __fmul_rn(f.y, s));
-  }
-  return make_uint4(o[0], o[1], o[2], o[3]);
-}
-
-/* 8 e4m3 codes as f16, unscaled (exact): the operands of f16 mma. */
-__device__ __forceinline__ uint4 e4m3x8_f16(uint2 raw) {
-  uint32_t o[4];
-#pragma unroll
-  for (int i = 0; i < 4; i++) {
-    const __half2_raw h = e4m3x8_pair_f16(raw, i);
-    o[i] = (uint32_t)h.x | (uint32_t)h.y << 16;
   }
   return make_uint4(o[0], o[1], o[2], o[3]);
 }

@@ -1,7 +1,7 @@
 /* Warp-level tensor-core and async-copy primitives (PTX), shared by the
  * baked attention kernels and JIT kernels: mma.sync m16n8k16 bf16 with fp32
  * accumulation (sm_80 and later, including sm_90a and sm_100a), ldmatrix,
- * and cp.async with zero fill. Fragment layouts (g = lane / 4, t = lane % 4):
+ * movmatrix, and cp.async with zero fill. Fragment layouts (g = lane / 4, t = lane % 4):
  *   A 16x16 row-major: a0 (g, 2t..2t+1), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)
  *   B 16x8 "col":      b0 (k = 2t..2t+1, n = g), b1 (k = 2t+8.., n = g)
  *   C 16x8 fp32:       c0 c1 (g, 2t..2t+1), c2 c3 (g+8, 2t..2t+1) */
@@ -67,6 +67,21 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int src
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* Transpose of the 8x8 b16 matrix held in a warp's fragment layout (thread t:
+ * row t / 4, elements 2 (t % 4) and + 1), one register per thread. */
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t r;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+}
+
+/* Two floats as an f16x2 register (round to nearest even), lo in the low half. */
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  uint32_t r;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
 
 /* Two floats as a bf16x2 register (round to nearest even), lo in the low half. */
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
