@@ -23,10 +23,12 @@ __device__ __forceinline__ int64_t ivec_at(const mla_kv_ivec &v, int64_t i) { re
 __device__ __forceinline__ int64_t imat_at(const mla_kv_imat &m, int64_t r, int64_t c) {
   return ld_idx(m.data, r * m.rs + c * m.cs, m.is64);
 }
+__device__ __forceinline__ void st_idx(void *p, int64_t i, int is64, int64_t v) {
+  if (is64) ((long long *)p)[i] = v;
+  else ((int *)p)[i] = (int)v;
+}
 __device__ __forceinline__ void omat_set(const mla_kv_omat &m, int64_t r, int64_t c, int64_t v) {
-  int64_t e = r * m.rs + c * m.cs;
-  if (m.is64) ((long long *)m.data)[e] = v;
-  else ((int *)m.data)[e] = (int)v;
+  st_idx(m.data, r * m.rs + c * m.cs, m.is64, v);
 }
 
 // Largest r with cu[r] <= x, for x in [cu[0], cu[n-1]); cu nondecreasing.

@@ -372,6 +372,13 @@ __device__ __forceinline__ int64_t flat_offset(int64_t i, int64_t rows, int64_t 
   const int64_t r = i / cols;
   return r * rs + (i - r * cols) * cs;
 }
+// Flat element i of an index matrix (row-major order over its shape).
+__device__ __forceinline__ int64_t imat_flat(const mla_kv_imat &m, int64_t i) {
+  return ld_idx(m.data, flat_offset(i, m.rows, m.cols, m.rs, m.cs), m.is64);
+}
+__device__ __forceinline__ void omat_flat_set(const mla_kv_omat &m, int64_t i, int64_t v) {
+  st_idx(m.data, flat_offset(i, m.rows, m.cols, m.rs, m.cs), m.is64, v);
+}
 
 constexpr int kMarkSharedPages = 48 * 1024; // one byte each, within the default dynamic shared memory
 constexpr int kMarkBatch = 8;               // indices per thread loaded at once
@@ -395,7 +402,7 @@ __device__ __forceinline__ void mark_block(const mla_kv_imat &idx, int64_t bs, i
 #pragma unroll
     for (int k = 0; k < kMarkBatch; k++) {
       const int64_t i = i0 + k * (int64_t)blockDim.x;
-      v[k] = i < hi ? ld_idx(idx.data, flat_offset(i, idx.rows, idx.cols, idx.rs, idx.cs), idx.is64) : -1;
+      v[k] = i < hi ? imat_flat(idx, i) : -1;
     }
 #pragma unroll
     for (int k = 0; k < kMarkBatch; k++) {
@@ -423,7 +430,7 @@ __global__ void mark_kernel(const mla_kv_imat idx, int64_t bs, int64_t num_pages
                             unsigned long long *bad) {
   const int64_t n = idx.rows * idx.cols;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t v = ld_idx(idx.data, flat_offset(i, idx.rows, idx.cols, idx.rs, idx.cs), idx.is64);
+    const int64_t v = imat_flat(idx, i);
     if (v < 0) continue;
     int64_t page, t;
     split_slot(v, (int)bs, page, t);
@@ -524,16 +531,14 @@ __global__ void remap_kernel(const mla_kv_imat idx, const int32_t *rank, int64_t
                              int64_t cap, const mla_kv_omat out) {
   const int64_t n = idx.rows * idx.cols;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    const int64_t v = ld_idx(idx.data, flat_offset(i, idx.rows, idx.cols, idx.rs, idx.cs), idx.is64);
+    const int64_t v = imat_flat(idx, i);
     int64_t o = -1;
     if (v >= 0) {
       int64_t page, t;
       split_slot(v, (int)bs, page, t);
       if (page < num_pages && rank[page] < cap) o = (int64_t)rank[page] * bs + t;
     }
-    const int64_t e = flat_offset(i, out.rows, out.cols, out.rs, out.cs);
-    if (out.is64) ((long long *)out.data)[e] = o;
-    else ((int *)out.data)[e] = (int)o;
+    omat_flat_set(out, i, o);
   }
 }
 
