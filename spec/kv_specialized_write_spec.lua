@@ -60,12 +60,13 @@ local function special_rows(n, dim)
 end
 
 -- Layer LAYER of a 61-layer block-major cache on the GPU, zeroed, every other byte zero too.
-local function gpu_layer(L, nb, bs, scale)
-  local c = mla.cache.new { layout = L, num_blocks = nb, block_size = bs, num_layers = LAYERS, order = "block_major",
+local function gpu_layer(L, nb, bs, scale, layers, layer)
+  layers, layer = layers or LAYERS, layer or LAYER
+  local c = mla.cache.new { layout = L, num_blocks = nb, block_size = bs, num_layers = layers, order = "block_major",
     device = "cuda", tensor_scale = scale }
-  local v = c:view(LAYER)
+  local v = c:view(layer)
   v.pages:fill(0)
-  c:poison(LAYER, "zeros")
+  c:poison(layer, "zeros")
   return v, c
 end
 
@@ -99,7 +100,7 @@ local function check_write(L, o)
   K.write(ref, mla.tensor(sl, idt), a, b)
   local variants = {}
   for _, spec in ipairs { true, false } do
-    local g, c = gpu_layer(L, nb, bs, o.scale)
+    local g, c = gpu_layer(L, nb, bs, o.scale, o.layers, o.layer)
     local rg = rows:cuda()
     local ga, gb = src(rg)
     local was = K.specialize(spec)
@@ -108,7 +109,7 @@ local function check_write(L, o)
     assert(ok, err)
     variants[#variants + 1] = K.last_variant()
     assert_bytes(g.pages:cpu(), ref.pages, string.format("%s, specialization %s", L.name, spec and "on" or "off"))
-    assert.is_nil(c:check_bleed(LAYER, { slots = sl }))
+    assert.is_nil(c:check_bleed(o.layer or LAYER, { slots = sl }))
   end
   return variants[1], variants[2], ref
 end
@@ -160,6 +161,25 @@ describe("specialized quantize-and-cache variants #gpu", function()
         return wide:narrow(1, 0, split), wide:narrow(1, dim + 32, dim - split)
       end
       local on, off = check_write(L, { src = src, scale = 0.5, nb = 5, n = 250, i32 = li % 2 == 1 })
+      assert.equal(name, on)
+      assert.equal("generic", off)
+    end)
+  end
+
+  -- The writes above fill less than one round of the persistent grid (a tile
+  -- for every resident warp); here several rounds on an H100-sized grid and a
+  -- partial last one, special rows at both ends.
+  for li, name in ipairs(names) do
+    it(name .. ": whole rounds and a partial last round (60000+ tokens), bit-identical on and off", function()
+      math.randomseed(0x8157 + li)
+      mla.manual_seed(0x8157 + li)
+      local L = mla.layout.get(name)
+      local n = 60000 + math.random(1, 999)
+      local rows = mla.randn({ n + 3, L.dim }):to("bf16")
+      rows:narrow(0, 0, 240):copy(special_rows(240, L.dim))
+      rows:narrow(0, n - 237, 240):copy(special_rows(240, L.dim))
+      local on, off = check_write(L, { rows = rows, n = n, nb = (n + 100) // BS, scale = 1.25, layers = 3, layer = 1,
+        i32 = li % 2 == 1 })
       assert.equal(name, on)
       assert.equal("generic", off)
     end)
