@@ -91,7 +91,7 @@ case("memcpy D2D", function(bytes)
   return function() dst:copy(src) end, 2 * n, string.format("%d B copied (t:copy: cudaMemcpyAsync)", n)
 end)
 
-for _, lname in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_v4", "indexer_fp8", "fp4_v41" } do
+for _, lname in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_v4", "indexer_fp8", "fp4_v41", "fp8_v41" } do
   case("write " .. lname, function(bytes)
     local L = mla.layout.get(lname)
     local per = 2 * L.dim + L.token_bytes
@@ -122,7 +122,7 @@ end
 
 case("gather_sparse fp8_ds_mla 262144 rows", sparse_case("fp8_ds_mla", SPARSE_ROWS))
 case("gather_sparse fp8_ds_mla 262144 rows 61-layer view", sparse_case("fp8_ds_mla", SPARSE_ROWS, true))
-for _, lname in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_v4", "fp4_v41" } do
+for _, lname in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_v4", "fp4_v41", "fp8_v41" } do
   case("gather_sparse " .. lname, sparse_case(lname))
 end
 

@@ -353,7 +353,7 @@ local function run(case, impl, opts)
   return mla.attention.decode(a)
 end
 
-local MLA_LAYOUTS = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_v4", "fp8_v4_vllm", "fp4_v41" }
+local MLA_LAYOUTS = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_v4", "fp8_v4_vllm", "fp4_v41", "fp8_v41" }
 
 for _, impl in ipairs { "baked", "jit" } do
   describe("attention " .. impl .. " vs reference", function()

@@ -76,7 +76,7 @@ end)
 
 describe("writes with neighbours poisoned", function()
   for _, order in ipairs { "layer_major", "block_major" } do
-    for _, name in ipairs { "fp8_ds_mla", "fp8_v4", "fp4_v41", "indexer_fp8" } do
+    for _, name in ipairs { "fp8_ds_mla", "fp8_v4", "fp4_v41", "fp8_v41", "indexer_fp8" } do
       it(string.format("%s %s: bytes as on plain pages, zero bleed outside the written tokens", order, name), function()
         local L = mla.layout.get(name)
         local c = mla.cache.new { layout = L, num_blocks = 3, block_size = 16, num_layers = LAYERS, order = order,

@@ -119,7 +119,7 @@ describe("specialized quantize-and-cache variants #gpu", function()
 
   it("cover every built-in layout", function()
     local want = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_v4", "fp8_v4_vllm", "indexer_fp8",
-      "indexer_fp8_ue8m0", "fp4_v41" }
+      "indexer_fp8_ue8m0", "fp4_v41", "fp8_v41" }
     local have = {}
     for _, n in ipairs(names) do have[n] = true end
     for _, n in ipairs(want) do assert.is_true(have[n], n .. " is a built-in layout") end

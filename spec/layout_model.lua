@@ -158,6 +158,18 @@ M.formats.fp4_v41 = function(x)
   return { bytes(q), bytes(sc) }
 end
 
+-- V4.1 MXFP8: data row 512 e4m3 (RoPE included), scale row 16 ue8m0 per 32 dims;
+-- written here with V4's scale rule (kv-formats.md gives only x = q * 2^(sb - 127))
+M.formats.fp8_v41 = function(x)
+  local q, sc = {}, {}
+  for g = 0, 15 do
+    local s = v32_scale(amax(x, 32 * g, 32))
+    sc[#sc + 1] = math.floor(math.log(s, 2) + 0.5) + 127 -- s is a power of two
+    e4m3_run(x, 32 * g, 32, s, q)
+  end
+  return { bytes(q), bytes(sc) }
+end
+
 M.formats.fp8_pertensor = function(x, opts)
   local q = {}
   e4m3_run(x, 0, 576, opts.tensor_scale, q)
@@ -182,6 +194,7 @@ M.row_offset = {
   indexer_fp8 = function(t, bs) return { t * 128, bs * 128 + t * 4 } end,
   indexer_fp8_ue8m0 = function(t, bs) return { t * 128, bs * 128 + t * 4 } end,
   fp4_v41 = function(t, bs) return { t * 256, bs * 256 + t * 32 } end,
+  fp8_v41 = function(t, bs) return { t * 512, bs * 512 + t * 16 } end,
 }
 
 return M

@@ -14,7 +14,7 @@ teardown(function() mla.set_device(prev_device) end)
 
 local BS = 4
 local ALL = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_v4", "fp8_v4_vllm", "indexer_fp8",
-  "indexer_fp8_ue8m0", "fp4_v41" }
+  "indexer_fp8_ue8m0", "fp4_v41", "fp8_v41" }
 local TENSOR_SCALE = 0.375 -- not a power of two on purpose
 
 -- pages with a page stride one page_align larger than needed (never block_size x row)
@@ -368,7 +368,7 @@ describe("edge cases", function()
   end)
 
   it("an infinity stays inside its group", function()
-    for _, name in ipairs { "fp8_ds_mla", "fp8_v4", "fp4_v41", "indexer_fp8" } do
+    for _, name in ipairs { "fp8_ds_mla", "fp8_v4", "fp4_v41", "fp8_v41", "indexer_fp8" } do
       local L = mla.layout.get(name)
       local group = L.fields[1].scale.group
       local vals = {}

@@ -31,7 +31,7 @@ describe("built-in layout byte maps", function()
   it("lists every built-in format", function()
     local names = mla.layout.builtins()
     for _, n in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_v4", "fp8_v4_vllm", "indexer_fp8",
-      "indexer_fp8_ue8m0", "fp4_v41" } do
+      "indexer_fp8_ue8m0", "fp4_v41", "fp8_v41" } do
       local found = false
       for _, m in ipairs(names) do found = found or m == n end
       assert.is_true(found, n)
@@ -93,6 +93,14 @@ describe("built-in layout byte maps", function()
       page_bytes = 18432, page_align = 512, fields = { { dtype = "e2m1", count = 512, group = 16, scale_dtype = "e4m3",
         scale_region = 1, scale_off = 0, scale_policy = "amax", scale_min = 2 ^ -9, scale_max = 448, qmax = 6 } } })
     assert.equal(19 * 512, mla.layout.get("fp4_v41"):page_bytes(33)) -- 33 x 288 = 9504 -> 9728
+  end)
+
+  it("fp8_v41 is 528 B/token: 512 e4m3 (RoPE quantized too), then 16 ue8m0 scales per 32 dims, pages in 512 B multiples", function()
+    assert.equal(528, mla.layout.get("fp8_v41").token_bytes)
+    assert_desc("fp8_v41", 64, { dim = 512, v_dims = 512, region_row_bytes = { 512, 16 }, region_off = { 0, 32768 },
+      page_bytes = 33792, page_align = 512, fields = { { dtype = "e4m3", count = 512, group = 32, scale_dtype = "ue8m0",
+        scale_region = 1, scale_off = 0, scale_policy = "pow2", eps_on_amax = 0, eps = f32(1e-4), qmax = 448 } } })
+    assert.equal(35 * 512, mla.layout.get("fp8_v41"):page_bytes(33)) -- 33 x 528 = 17424 -> 17920
   end)
 
   it("locates any byte of a page as (region, token, field, element)", function()

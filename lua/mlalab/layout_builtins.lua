@@ -86,4 +86,13 @@ return {
     token_align = 16,
     page_align = 512,
   },
+  {
+    name = "fp8_v41",
+    doc = "FlashMLA V4.1 MXFP8, 528 B/token page-split: 512 e4m3 (RoPE quantized too), then 16 ue8m0 scales per 32; written with V4's rule 2^ceil(log2(max(a/448, 1e-4))) [3.5]",
+    upstream = "FlashMLA V41 (PR #221); the reference gives its reading rule only, the writer follows FlashMLA's V4 quantizer",
+    fields = { { "kv", "e4m3", 512, scale = { dtype = "ue8m0", group = 32, policy = "pow2", eps = 1e-4, eps_on = "scale" } } },
+    regions = { { name = "data", row = { "kv" } }, { name = "scales", row = { "kv.scale" } } },
+    token_align = 16,
+    page_align = 512,
+  },
 }

@@ -152,6 +152,19 @@
           /* qmax */ 6.0f, /* eps */ 0.0f, /* scale_min */ 0.001953125f, /* scale_max */ 448.0f}, \
       }}
 
+/* FlashMLA V4.1 MXFP8, 528 B/token page-split: 512 e4m3 (RoPE quantized too), then 16 ue8m0 scales per 32; written with V4's rule 2^ceil(log2(max(a/448, 1e-4))) [3.5] */
+#define MLA_BUILTIN_DESC_fp8_v41 { \
+      /* dim */ 512, /* k_dims */ 512, /* v_dims */ 512, \
+      /* nfields */ 1, /* nregions */ 2, /* block_size */ 64, \
+      /* region_row_bytes */ {512, 16, 0, 0}, \
+      /* region_off */ {0LL, 32768LL, 0LL, 0LL}, \
+      /* page_bytes */ 33792LL, /* page_align */ 512, /* token_align */ 16, \
+      /* fields */ { \
+        /* [0] kv */ {MLA_FIELD_DATA, MLA_E4M3, /* dim_lo */ 0, /* count */ 512, /* region */ 0, /* byte_off */ 0, \
+          MLA_SCALE_GROUP, /* group */ 32, MLA_UE8M0, /* scale_region */ 1, /* scale_off */ 0, MLA_POLICY_POW2, /* eps_on_amax */ 0, \
+          /* qmax */ 448.0f, /* eps */ 9.99999975e-05f, /* scale_min */ 0.0f, /* scale_max */ 0.0f}, \
+      }}
+
 #define MLA_BUILTIN_LAYOUTS(X) X(bf16, MLA_BUILTIN_DESC_bf16) \
   X(fp8_pertensor, MLA_BUILTIN_DESC_fp8_pertensor) \
   X(fp8_ds_mla, MLA_BUILTIN_DESC_fp8_ds_mla) \
@@ -160,6 +173,7 @@
   X(fp8_v4_vllm, MLA_BUILTIN_DESC_fp8_v4_vllm) \
   X(indexer_fp8, MLA_BUILTIN_DESC_indexer_fp8) \
   X(indexer_fp8_ue8m0, MLA_BUILTIN_DESC_indexer_fp8_ue8m0) \
-  X(fp4_v41, MLA_BUILTIN_DESC_fp4_v41)
+  X(fp4_v41, MLA_BUILTIN_DESC_fp4_v41) \
+  X(fp8_v41, MLA_BUILTIN_DESC_fp8_v41)
 
 #endif
