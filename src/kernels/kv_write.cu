@@ -360,9 +360,21 @@ int spec_ut() {
 // for fp8_ds_mla) are staged: direct 16-byte stores of odd tokens straddle
 // sectors, and ncu counted 24% more L2 write sectors than bytes written
 // (3.76 M vs the ideal 3.04 M; 103.2 -> 95.1 us staged, H100, 2026-11-23).
-// Rows of whole sectors gain nothing from staging and are written directly.
+// So are region-0 rows of 512 B and more that hold e4m3 codes only, which the
+// lanes write 8 bytes at a time: staged, fp8_pertensor +1.5 and fp8_v41 +1.7 to
+// +2.5 points of memcpy at 256 MiB and 1 GiB (H100, 2026-11-24, two A/B runs).
+// Other rows of whole sectors gain nothing or lose (fp8_v4, whose rows mix
+// bf16: -2.5; indexer_fp8's 128-byte keys: -0.1 to -0.8; fp4_v41: -0.5).
+template <class L> constexpr bool wide_e4m3_rows() {
+  if (L::host.region_row_bytes[0] < 512) return false;
+  for (int f = 0; f < L::host.nfields; f++) {
+    const mla_layout_field &F = L::host.fields[f];
+    if (F.role == MLA_FIELD_DATA && F.region == 0 && F.dtype != MLA_E4M3) return false;
+  }
+  return true;
+}
 template <class L> constexpr int kvw_default_stage() {
-  return kvw::stage_ok<L>() && L::host.region_row_bytes[0] % 32 != 0 ? 1 : 0;
+  return kvw::stage_ok<L>() && (L::host.region_row_bytes[0] % 32 != 0 || wide_e4m3_rows<L>()) ? 1 : 0;
 }
 template <class L> constexpr int kvw_default_ut() { return 1; }
 // Prefetch (MLALAB_KV_WRITE_PF=0/1; unset: the default below).
