@@ -111,15 +111,21 @@ M.formats.fp8_ds_mla_amax = function(x)
   return { bytes(q) }
 end
 
+-- n groups of width dims from dim 0: e4m3 codes into q, each group's
+-- power-of-two scale as its ue8m0 byte into sc
+local function ue8m0_groups(x, n, width, scale_of, q, sc)
+  for g = 0, n - 1 do
+    local s = scale_of(amax(x, width * g, width))
+    sc[#sc + 1] = math.floor(math.log(s, 2) + 0.5) + 127 -- s is a power of two
+    e4m3_run(x, width * g, width, s, q)
+  end
+end
+
 -- quant.py MODEL1_FP8Sparse: data row [448 e4m3 | 64 bf16], scale row [7 ue8m0 | pad]
 local function v4(scale_of)
   return function(x)
     local q, sc = {}, {}
-    for t = 0, 6 do
-      local s = scale_of(amax(x, 64 * t, 64))
-      sc[#sc + 1] = math.floor(math.log(s, 2) + 0.5) + 127 -- s is a power of two
-      e4m3_run(x, 64 * t, 64, s, q)
-    end
+    ue8m0_groups(x, 7, 64, scale_of, q, sc)
     bf16_run(x, 448, 64, q)
     sc[8] = 0 -- vLLM writes the pad byte as 0
     return { bytes(q), bytes(sc) }
@@ -162,11 +168,7 @@ end
 -- written here with V4's scale rule (kv-formats.md gives only x = q * 2^(sb - 127))
 M.formats.fp8_v41 = function(x)
   local q, sc = {}, {}
-  for g = 0, 15 do
-    local s = v32_scale(amax(x, 32 * g, 32))
-    sc[#sc + 1] = math.floor(math.log(s, 2) + 0.5) + 127 -- s is a power of two
-    e4m3_run(x, 32 * g, 32, s, q)
-  end
+  ue8m0_groups(x, 16, 32, v32_scale, q, sc)
   return { bytes(q), bytes(sc) }
 end
 
