@@ -83,6 +83,7 @@ static char **string_list(lua_State *L, int idx, const char *f, int *n) {
       for (int k = 0; k < i; k++) free(out[k]);
       free(out);
       luaL_error(L, "rtc: %s[%d] is a %s, not a string", f, i + 1, luaL_typename(L, -1));
+      return NULL; /* not reached: luaL_error does not return (GCC cannot tell, and saw a use of out after free) */
     }
     out[i] = dup_lstr(s, sl);
     lua_pop(L, 1);

@@ -365,13 +365,15 @@ int spec_ut() {
 // +2.5 points of memcpy at 256 MiB and 1 GiB (H100, 2026-11-24, two A/B runs).
 // Other rows of whole sectors gain nothing or lose (fp8_v4, whose rows mix
 // bf16: -2.5; indexer_fp8's 128-byte keys: -0.1 to -0.8; fp4_v41: -0.5).
-template <class L> constexpr bool wide_e4m3_rows() {
-  if (L::host.region_row_bytes[0] < 512) return false;
+template <class L> constexpr bool e4m3_only_region0() {
   for (int f = 0; f < L::host.nfields; f++) {
     const mla_layout_field &F = L::host.fields[f];
     if (F.role == MLA_FIELD_DATA && F.region == 0 && F.dtype != MLA_E4M3) return false;
   }
   return true;
+}
+template <class L> constexpr bool wide_e4m3_rows() {
+  return L::host.region_row_bytes[0] >= 512 && e4m3_only_region0<L>();
 }
 template <class L> constexpr int kvw_default_stage() {
   return kvw::stage_ok<L>() && (L::host.region_row_bytes[0] % 32 != 0 || wide_e4m3_rows<L>()) ? 1 : 0;
