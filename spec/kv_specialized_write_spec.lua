@@ -81,7 +81,7 @@ end
 -- asserts both GPU caches equal the CPU's bytes, the variants that ran, and
 -- that no byte outside the written slots of the layer changed.
 local function check_write(L, o)
-  local nb, bs = o.nb or 8, o.bs or BS
+  local nb, bs, layer = o.nb or 8, o.bs or BS, o.layer or LAYER
   local n = o.n or (nb * bs - 37)
   local p, sl = perm(nb * bs), {}
   if o.consecutive then
@@ -100,7 +100,7 @@ local function check_write(L, o)
   K.write(ref, mla.tensor(sl, idt), a, b)
   local variants = {}
   for _, spec in ipairs { true, false } do
-    local g, c = gpu_layer(L, nb, bs, o.scale, o.layers, o.layer)
+    local g, c = gpu_layer(L, nb, bs, o.scale, o.layers, layer)
     local rg = rows:cuda()
     local ga, gb = src(rg)
     local was = K.specialize(spec)
@@ -109,7 +109,7 @@ local function check_write(L, o)
     assert(ok, err)
     variants[#variants + 1] = K.last_variant()
     assert_bytes(g.pages:cpu(), ref.pages, string.format("%s, specialization %s", L.name, spec and "on" or "off"))
-    assert.is_nil(c:check_bleed(o.layer or LAYER, { slots = sl }))
+    assert.is_nil(c:check_bleed(layer, { slots = sl }))
   end
   return variants[1], variants[2], ref
 end

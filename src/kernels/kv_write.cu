@@ -365,15 +365,16 @@ int spec_ut() {
 // +2.5 points of memcpy at 256 MiB and 1 GiB (H100, 2026-11-24, two A/B runs).
 // Other rows of whole sectors gain nothing or lose (fp8_v4, whose rows mix
 // bf16: -2.5; indexer_fp8's 128-byte keys: -0.1 to -0.8; fp4_v41: -0.5).
-template <class L> constexpr bool e4m3_only_region0() {
+// Every data field of L (in region `region`, or anywhere for -1) holds `dtype`.
+template <class L> constexpr bool data_all(int dtype, int region) {
   for (int f = 0; f < L::host.nfields; f++) {
     const mla_layout_field &F = L::host.fields[f];
-    if (F.role == MLA_FIELD_DATA && F.region == 0 && F.dtype != MLA_E4M3) return false;
+    if (F.role == MLA_FIELD_DATA && (region < 0 || F.region == region) && F.dtype != dtype) return false;
   }
   return true;
 }
 template <class L> constexpr bool wide_e4m3_rows() {
-  return L::host.region_row_bytes[0] >= 512 && e4m3_only_region0<L>();
+  return L::host.region_row_bytes[0] >= 512 && data_all<L>(MLA_E4M3, 0);
 }
 template <class L> constexpr int kvw_default_stage() {
   return kvw::stage_ok<L>() && (L::host.region_row_bytes[0] % 32 != 0 || wide_e4m3_rows<L>()) ? 1 : 0;
@@ -388,12 +389,7 @@ int spec_pf() {
 // prefetch keeps loads in flight while a warp stores): write bf16 +1.1 points
 // of memcpy at 256 MiB and 1 GiB (H100, 2026-11-23, two runs). The quantizing
 // layouts lose with it (fp8_v4 -8, indexer_fp8 -2.5, fp4_v41 -0.4 to -2 points).
-template <class L> constexpr bool all_bf16() {
-  for (int f = 0; f < L::host.nfields; f++)
-    if (L::host.fields[f].role == MLA_FIELD_DATA && L::host.fields[f].dtype != MLA_BF16) return false;
-  return true;
-}
-template <class L> constexpr int kvw_default_pf() { return all_bf16<L>() ? 1 : 0; }
+template <class L> constexpr int kvw_default_pf() { return data_all<L>(MLA_BF16, -1) ? 1 : 0; }
 
 template <class L, int MB, int ST, int UT, int PF = 0> cudaError_t launch_spec(const kvw::wargs &a, cudaStream_t s) {
   auto k = kvw::write_spec_kernel<L, MB, ST, UT, PF>;
