@@ -55,6 +55,14 @@ describe("bench on the cpu", function()
     assert.is_true(r.median >= 1e-4)
   end)
 
+  it("refuses cold_calls outside [1, 64] and a non-positive cold_batch_time", function()
+    for _, bad in ipairs { 0, 65, 2.5, "many" } do
+      S.assert_error_contains(function() mla.bench(spin(1e-5), { device = "cpu", cold_calls = bad }) end, "cold_calls must be")
+    end
+    S.assert_error_contains(function() mla.bench(spin(1e-5), { device = "cpu", cold_batch_time = 0 }) end,
+      "cold_batch_time must be")
+  end)
+
   it("derives GB/s (1e9) and TFLOPS from the declared bytes and flops", function()
     local r = mla.bench(spin(1e-4), { device = "cpu", min_time = 0, max_noise = 1, bytes = 1e6, flops = 1e9 })
     assert.near(1e6 / r.median / 1e9, r.gbs, 1e-9)
@@ -278,6 +286,33 @@ describe("bench on the GPU #gpu", function()
     S.assert_error_contains(function() mla.bench(function() end, { timer = "cupti", max_time = 1 }) end,
       "launched nothing on the GPU")
     assert.is_true(mla.bench(copy, { max_time = 1 }).n >= 10)
+  end)
+
+  it("times cold batches: k flushed calls per sample, each timed by its own event pair or CUPTI span", function()
+    local one = mla.bench(copy, { name = "copy64M x1", bytes = 2 * N, max_time = 5 })
+    local ev = mla.bench(copy, { name = "copy64M x8", bytes = 2 * N, cold_calls = 8, max_time = 5 })
+    local cu = mla.bench(copy, { name = "copy64M x8 cupti", bytes = 2 * N, cold_calls = 8, timer = "cupti", max_time = 5 })
+    local auto = mla.bench(copy, { name = "copy64M auto", bytes = 2 * N, cold_calls = "auto", cold_batch_time = 2e-4 })
+    print("\n" .. B.header() .. "\n" .. tostring(one) .. "\n" .. tostring(ev) .. "\n" .. tostring(cu) .. "\n" .. tostring(auto))
+    assert.equal(8, ev.calls)
+    assert.equal(8, cu.calls)
+    assert.truthy(table.concat(ev.flags, ","):find("cold-x8", 1, true))
+    -- per call, not per sample, and still cold: within 5% of one call per sample
+    assert.is_true(math.abs(ev.median / one.median - 1) < 0.05, string.format("x8 %.4g vs x1 %.4g", ev.median, one.median))
+    assert.is_true(cu.median <= ev.median * 1.01 and cu.median >= ev.median * 0.8,
+      string.format("cupti %.4g vs events %.4g", cu.median, ev.median))
+    -- a mean of 8 launches spreads less than single launches
+    assert.is_true(ev.noise < one.noise, string.format("noise x8 %.4g vs x1 %.4g", ev.noise, one.noise))
+    -- auto: enough calls for 0.2 ms of work (a 64 MiB copy runs ~45 us)
+    assert.is_true(auto.calls >= 3 and auto.calls <= 8, "auto calls " .. auto.calls)
+  end)
+
+  it("keeps cold batches cold: a warm-L2 copy would be far faster than the flushed one", function()
+    local s, d = mla.random_bytes({ 4 << 20 }, { device = "cuda", seed = 5 }), mla.empty({ 4 << 20 }, "u8", "cuda")
+    local f = function() d:copy(s) end
+    local cold = mla.bench(f, { cold_calls = 16, max_time = 3 })
+    local hot = mla.bench(f, { mode = "hot", max_time = 3 })
+    assert.is_true(cold.median > 1.15 * hot.median, string.format("cold x16 %.4g vs hot %.4g", cold.median, hot.median))
   end)
 
   it("tells a faster kernel from a slower one on the device", function()

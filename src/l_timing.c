@@ -60,7 +60,13 @@ static int l_timing_begin(lua_State *L) {
   return 0;
 }
 
-/* core.timing_end(dev) -> {gpu_s=, cpu_s=, sm_mhz=, block_timed_out=} */
+/* core.timing_next(dev): the next call of a cold batch (flush between) */
+static int l_timing_next(lua_State *L) {
+  if (mla_timing_next(gpu_arg(L, 1))) return mla_lua_errorf(L, "timing_next");
+  return 0;
+}
+
+/* core.timing_end(dev) -> {gpu_s=, cpu_s=, sm_mhz=, block_timed_out=, calls=} */
 static int l_timing_end(lua_State *L) {
   int dev = gpu_arg(L, 1);
   mla_timing_sample s;
@@ -70,10 +76,12 @@ static int l_timing_end(lua_State *L) {
   lua_pushnumber(L, s.cpu_s), lua_setfield(L, -2, "cpu_s");
   if (s.sm_mhz > 0) lua_pushnumber(L, s.sm_mhz), lua_setfield(L, -2, "sm_mhz");
   lua_pushboolean(L, s.block_timed_out), lua_setfield(L, -2, "block_timed_out");
+  lua_pushinteger(L, s.calls), lua_setfield(L, -2, "calls");
   if (s.activities > 0) {
     lua_pushnumber(L, s.span_s), lua_setfield(L, -2, "span_s");
     lua_pushnumber(L, s.busy_s), lua_setfield(L, -2, "busy_s");
     lua_pushinteger(L, (lua_Integer)s.activities), lua_setfield(L, -2, "activities");
+    lua_pushinteger(L, (lua_Integer)s.cupti_calls), lua_setfield(L, -2, "cupti_calls");
   }
   return 1;
 }
@@ -200,7 +208,8 @@ MLA_LUA_MODULE(timing) {
     {"launch", l_graph_launch}, {"nodes", l_graph_nodes}, {"close", l_graph_close}, {NULL, NULL}};
   static const luaL_Reg fns[] = {
     {"clock", l_clock}, {"sleep", l_sleep},
-    {"timing_begin", l_timing_begin}, {"timing_end", l_timing_end}, {"timing_abort", l_timing_abort},
+    {"timing_begin", l_timing_begin}, {"timing_next", l_timing_next}, {"timing_end", l_timing_end},
+    {"timing_abort", l_timing_abort},
     {"cupti_open", l_cupti_open}, {"cupti_close", l_cupti_close}, {"cupti_available", l_cupti_available},
     {"timing_info", l_timing_info}, {"sm_clock", l_sm_clock},
     {"graph_begin", l_graph_begin}, {"graph_end", l_graph_end}, {"graph_abort", l_graph_abort},

@@ -99,7 +99,8 @@ typedef struct timing_dev {
   volatile int32_t *flag_h, *tout_h; /* mapped host memory */
   int32_t *flag_d, *tout_d;
   uint64_t *stamps_h, *stamps_d; /* [global0, clock0, global1, clock1] */
-  cudaEvent_t ev0, ev1;
+  cudaEvent_t ev0[MLA_TIMING_MAX_CALLS], ev1[MLA_TIMING_MAX_CALLS]; /* one pair per call of a cold batch */
+  int ncalls;                                                        /* pairs opened in this sample */
   int active;
   double nvml_mhz, nvml_at; /* last NVML reading and when */
   mla_timing_opts opts;
@@ -138,9 +139,10 @@ static timing_dev *state(int dev) {
   t->flag_d = (int32_t *)d, t->tout_d = (int32_t *)d + 1;
   if (mapped(64, &h, &d)) return NULL;
   t->stamps_h = h, t->stamps_d = d;
-  if (mla_cuda_check(cudaEventCreate(&t->ev0), "cudaEventCreate") ||
-      mla_cuda_check(cudaEventCreate(&t->ev1), "cudaEventCreate"))
-    return NULL;
+  for (int i = 0; i < MLA_TIMING_MAX_CALLS; i++)
+    if (mla_cuda_check(cudaEventCreate(&t->ev0[i]), "cudaEventCreate") ||
+        mla_cuda_check(cudaEventCreate(&t->ev1[i]), "cudaEventCreate"))
+      return NULL;
   t->ready = 1;
   return t;
 }
@@ -187,6 +189,9 @@ int mla_timing_begin(int dev, const mla_timing_opts *o) {
   if (o->cupti && mla_cupti_mark(dev)) return -1;
   t->opts = *o;
   t->cpu0 = mla_clock_now();
+  /* under cupti the start event goes before the blocker, so only harness
+   * kernels precede the first call too (the event pair then spans the sample) */
+  if (o->cupti && mla_cuda_check(cudaEventRecord(t->ev0[0], s), "cudaEventRecord")) return -1;
   if (o->block) {
     *t->flag_h = 0, *t->tout_h = 0;
     if (launched(dev, mla_cuda_block_stream(t->flag_d, t->tout_d, o->block_timeout, s), "block_stream")) return -1;
@@ -197,10 +202,38 @@ int mla_timing_begin(int dev, const mla_timing_opts *o) {
     mla_timing_abort(dev);
     return -1;
   }
-  if (mla_cuda_check(cudaEventRecord(t->ev0, s), "cudaEventRecord")) {
+  t->ncalls = 1;
+  if (!o->cupti && mla_cuda_check(cudaEventRecord(t->ev0[0], s), "cudaEventRecord")) {
     mla_timing_abort(dev);
     return -1;
   }
+  return 0;
+}
+
+int mla_timing_next(int dev) {
+  timing_dev *t = state(dev);
+  if (!t) return -1;
+  if (!t->active) return mla_err("timing: no sample is open on cuda:%d", dev);
+  if (t->ncalls >= MLA_TIMING_MAX_CALLS) {
+    mla_timing_abort(dev);
+    return mla_err("timing: a cold batch holds at most %d calls", MLA_TIMING_MAX_CALLS);
+  }
+  cudaStream_t s = mla_device_stream(dev);
+  /* under cupti the calls are told apart by the flush kernels: no event
+   * records between them, so nothing but the flush precedes a call */
+  const int pairs = !t->opts.cupti;
+  int rc = pairs ? mla_cuda_check(cudaEventRecord(t->ev1[t->ncalls - 1], s), "cudaEventRecord") : 0;
+  /* the flush as kernels (the activity timeline tells them from the work) */
+  if (rc == 0 && t->opts.flush != MLA_FLUSH_NONE && t->l2buf)
+    rc = launched(dev, mla_cuda_l2_fill(t->l2buf, t->l2_bytes & ~(int64_t)15, t->sm_count, s), "l2_fill");
+  if (rc == 0 && t->opts.flush == MLA_FLUSH_CLEAN && t->l2buf2)
+    rc = launched(dev, mla_cuda_l2_read(t->l2buf2, t->l2_bytes & ~(int64_t)15, t->sink, t->sm_count, s), "l2_read");
+  if (rc == 0 && pairs) rc = mla_cuda_check(cudaEventRecord(t->ev0[t->ncalls], s), "cudaEventRecord");
+  if (rc) {
+    mla_timing_abort(dev);
+    return -1;
+  }
+  t->ncalls++;
   return 0;
 }
 
@@ -210,7 +243,7 @@ int mla_timing_end(int dev, mla_timing_sample *out) {
   if (!t->active) return mla_err("timing: no sample is open on cuda:%d", dev);
   cudaStream_t s = mla_device_stream(dev);
   memset(out, 0, sizeof *out);
-  int rc = mla_cuda_check(cudaEventRecord(t->ev1, s), "cudaEventRecord");
+  int rc = mla_cuda_check(cudaEventRecord(t->ev1[t->ncalls - 1], s), "cudaEventRecord");
   if (rc == 0 && t->opts.clock == MLA_CLOCK_STAMPS)
     rc = launched(dev, mla_cuda_clock_stamp(t->stamps_d + 2, t->sm_count, s), "clock_stamp");
   /* read while the blocker still holds the queue: the GPU is busy, not idling down */
@@ -233,15 +266,21 @@ int mla_timing_end(int dev, mla_timing_sample *out) {
   }
   if (mla_device_sync(dev)) return -1;
   out->cpu_s = mla_clock_now() - t->cpu0;
-  float ms = 0;
-  if (mla_cuda_check(cudaEventElapsedTime(&ms, t->ev0, t->ev1), "cudaEventElapsedTime")) return -1;
-  out->gpu_s = ms * 1e-3;
+  /* a pair per call; under cupti one pair around the whole batch, flushes included */
+  const int pairs = t->opts.cupti ? 1 : t->ncalls;
+  for (int i = 0; i < pairs; i++) {
+    float ms = 0;
+    const int stop = t->opts.cupti ? t->ncalls - 1 : i;
+    if (mla_cuda_check(cudaEventElapsedTime(&ms, t->ev0[i], t->ev1[stop]), "cudaEventElapsedTime")) return -1;
+    out->gpu_s += ms * 1e-3;
+  }
+  out->calls = t->ncalls;
   out->block_timed_out = t->opts.block && *t->tout_h;
   if (t->opts.cupti) {
     mla_cupti_span sp;
     if (mla_cupti_collect(dev, &sp)) return -1;
     if (sp.dropped) return mla_err("timer 'cupti': CUPTI dropped %lld activity records", (long long)sp.dropped);
-    out->span_s = sp.span_s, out->busy_s = sp.busy_s, out->activities = sp.count;
+    out->span_s = sp.span_s, out->busy_s = sp.busy_s, out->activities = sp.count, out->cupti_calls = sp.calls;
   }
   if (t->opts.clock == MLA_CLOCK_STAMPS) {
     uint64_t dg = t->stamps_h[2] - t->stamps_h[0], dc = t->stamps_h[3] - t->stamps_h[1];

@@ -6,8 +6,11 @@
  *          kernel that spins until released, so the launches that follow
  *          queue behind it] -> [clock stamp] -> start event
  *   ... the caller launches the work under test on the device stream ...
+ *   next:  (a cold batch: several calls in one sample) stop event -> [L2
+ *          flush, as kernels] -> start event of the next call
  *   end:   stop event -> [clock stamp] -> [SM clock read by NVML while the
  *          GPU is still busy] -> release the blocker -> sync -> elapsed time
+ *          (summed over the calls' event pairs)
  * NVML is opened with dlopen, so the binary has no link dependency on it. */
 #ifndef MLA_TIMING_H
 #define MLA_TIMING_H
@@ -38,17 +41,24 @@ typedef struct mla_timing_opts {
   int cupti;             /* also read the GPU's activity timeline (timing_cupti.h; opened by the caller) */
 } mla_timing_opts;
 
+#define MLA_TIMING_MAX_CALLS 64 /* calls of a cold batch */
+
 typedef struct mla_timing_sample {
-  double gpu_s;     /* start event to stop event */
+  double gpu_s;     /* start event to stop event, summed over the calls (cupti: one
+                       pair around the whole batch, its flushes included) */
+  int calls;        /* event pairs (calls of a cold batch) */
   double cpu_s;     /* host time from after the flush to after the final sync */
   double sm_mhz;    /* SM clock during the sample, 0 when unknown */
   int block_timed_out; /* the blocker released itself: the caller synchronized inside the sample */
   double span_s;    /* cupti: first start to last end of the GPU activity inside the sample */
   double busy_s;    /* cupti: sum of those activities' durations */
   int64_t activities; /* cupti: kernels, copies and memsets seen */
+  int64_t cupti_calls; /* cupti: runs of activity between the harness's kernels */
 } mla_timing_sample;
 
 int mla_timing_begin(int dev, const mla_timing_opts *o);
+/* Closes the current call of the sample and opens the next (a cold batch). */
+int mla_timing_next(int dev);
 int mla_timing_end(int dev, mla_timing_sample *out);
 /* After an error between begin and end: release the blocker, drain the stream. */
 void mla_timing_abort(int dev);

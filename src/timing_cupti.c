@@ -24,15 +24,20 @@ static struct {
   CUptiResult (*result_string)(CUptiResult, const char **);
 } cu;
 
-/* What the completion callback accumulates between a mark and a collect.
- * CUPTI may call it from its own thread, hence the mutex. */
+/* What the completion callback keeps between a mark and a collect: every
+ * activity of the device, the harness's own kernels flagged (they separate
+ * the calls of a cold batch). CUPTI may call it from its own thread, hence
+ * the mutex. */
+typedef struct span_rec {
+  uint64_t start, end; /* ns */
+  int harness;
+} span_rec;
 static struct {
   pthread_mutex_t lock;
-  int dev;              /* device whose records count; -1: none */
-  uint64_t first, last; /* ns */
-  uint64_t busy;
-  int64_t count, dropped;
-} acc = {PTHREAD_MUTEX_INITIALIZER, -1, UINT64_MAX, 0, 0, 0, 0};
+  int dev; /* device whose records count; -1: none */
+  span_rec *recs;
+  int64_t n, cap, dropped, lost; /* lost: records the list had no room for */
+} acc = {PTHREAD_MUTEX_INITIALIZER, -1, NULL, 0, 0, 0, 0};
 
 static const CUpti_ActivityKind KINDS[] = {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY,
                                            CUPTI_ACTIVITY_KIND_MEMSET};
@@ -116,15 +121,26 @@ static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *ma
 /* The bench's own kernels run inside the sample window but are not the work. */
 static int harness_kernel(const char *name) {
   return name && (strstr(name, "block_stream_kernel") || strstr(name, "clock_stamp_kernel") ||
-                  strstr(name, "l2_read_kernel"));
+                  strstr(name, "l2_read_kernel") || strstr(name, "l2_fill_kernel"));
 }
 
-static void take(uint32_t device, uint64_t start, uint64_t end) {
+static void take(uint32_t device, uint64_t start, uint64_t end, int harness) {
   if ((int)device != acc.dev || end < start) return;
-  if (start < acc.first) acc.first = start;
-  if (end > acc.last) acc.last = end;
-  acc.busy += end - start;
-  acc.count++;
+  if (acc.n == acc.cap) {
+    int64_t cap = acc.cap ? 2 * acc.cap : 256;
+    span_rec *r = realloc(acc.recs, (size_t)cap * sizeof *r);
+    if (!r) {
+      acc.lost++;
+      return;
+    }
+    acc.recs = r, acc.cap = cap;
+  }
+  acc.recs[acc.n++] = (span_rec){start, end, harness};
+}
+
+static int by_start(const void *a, const void *b) {
+  const span_rec *x = a, *y = b;
+  return x->start < y->start ? -1 : x->start > y->start;
 }
 
 static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid) {
@@ -136,17 +152,17 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
     case CUPTI_ACTIVITY_KIND_KERNEL:
     case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
       const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)rec;
-      if (!harness_kernel(k->name)) take(k->deviceId, k->start, k->end);
+      take(k->deviceId, k->start, k->end, harness_kernel(k->name));
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMCPY: {
       const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)rec;
-      take(m->deviceId, m->start, m->end);
+      take(m->deviceId, m->start, m->end, 0);
       break;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
       const CUpti_ActivityMemset4 *m = (const CUpti_ActivityMemset4 *)rec;
-      take(m->deviceId, m->start, m->end);
+      take(m->deviceId, m->start, m->end, 0);
       break;
     }
     default: break;
@@ -177,7 +193,7 @@ int mla_cupti_open(void) {
 
 static void reset(int dev) {
   acc.dev = dev;
-  acc.first = UINT64_MAX, acc.last = 0, acc.busy = 0, acc.count = 0, acc.dropped = 0;
+  acc.n = 0, acc.dropped = 0, acc.lost = 0;
 }
 
 int mla_cupti_mark(int dev) {
@@ -197,12 +213,26 @@ int mla_cupti_collect(int dev, mla_cupti_span *out) {
   if (!cu.enabled) return mla_err("timer 'cupti': tracing is not enabled");
   if (cupti_check(cu.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll")) return -1;
   pthread_mutex_lock(&acc.lock);
-  if (acc.dev == dev && acc.count > 0) {
-    out->span_s = (double)(acc.last - acc.first) * 1e-9;
-    out->busy_s = (double)acc.busy * 1e-9;
+  if (acc.dev == dev) {
+    /* in time order, each run of the work's activities between two harness
+     * kernels is one call's span (one run unless the sample is a cold batch) */
+    if (acc.n > 1) qsort(acc.recs, (size_t)acc.n, sizeof *acc.recs, by_start);
+    uint64_t first = 0, last = 0;
+    int open = 0;
+    for (int64_t i = 0; i <= acc.n; i++) {
+      const span_rec *r = i < acc.n ? &acc.recs[i] : NULL;
+      if (!r || r->harness) {
+        if (open) out->span_s += (double)(last - first) * 1e-9, out->calls++;
+        open = 0;
+        continue;
+      }
+      if (!open) first = r->start, last = r->end, open = 1;
+      else if (r->end > last) last = r->end;
+      out->busy_s += (double)(r->end - r->start) * 1e-9;
+      out->count++;
+    }
   }
-  out->count = acc.dev == dev ? acc.count : 0;
-  out->dropped = acc.dropped;
+  out->dropped = acc.dropped + acc.lost;
   reset(-1);
   pthread_mutex_unlock(&acc.lock);
   return 0;
@@ -215,5 +245,9 @@ void mla_cupti_close(void) {
   acc.dev = -1;
   pthread_mutex_unlock(&acc.lock);
   cu.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  pthread_mutex_lock(&acc.lock);
+  free(acc.recs);
+  acc.recs = NULL, acc.n = 0, acc.cap = 0;
+  pthread_mutex_unlock(&acc.lock);
   cu.enabled = 0;
 }

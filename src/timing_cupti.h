@@ -10,7 +10,9 @@
  *   mla_cupti_mark(dev)      after a device sync: drop every record so far
  *   mla_cupti_collect(dev)   after a device sync: span of the GPU activity of
  *                            device dev since the mark, the harness's own
- *                            kernels (blocker, clock stamps, L2 flush) excluded
+ *                            kernels (blocker, clock stamps, L2 flush) excluded;
+ *                            in a cold batch (flushes between the calls) the
+ *                            sum of each call's span
  *   mla_cupti_close()        disable tracing (records are flushed and dropped) */
 #ifndef MLA_TIMING_CUPTI_H
 #define MLA_TIMING_CUPTI_H
@@ -18,9 +20,10 @@
 #include <stdint.h>
 
 typedef struct mla_cupti_span {
-  double span_s;  /* first start to last end */
+  double span_s;  /* first start to last end, summed over the calls */
   double busy_s;  /* sum of the activities' durations */
   int64_t count;  /* activities seen */
+  int64_t calls;  /* runs of activities between harness kernels */
   int64_t dropped; /* records CUPTI had to drop (buffer overflow) */
 } mla_cupti_span;
 

@@ -10,7 +10,12 @@
 --          memset alone, whose dirty lines are written back inside the timed
 --          kernel: +38% at 32 MiB vs ncu on H100, bench/RESULTS.md), then the call queued behind a
 --          blocking kernel (no launch gap, no idle-stream bias), timed by an
---          event pair. The default.
+--          event pair. The default. cold_calls = k (or "auto": enough calls
+--          for cold_batch_time of work) makes a sample the mean of k cold
+--          calls, each behind its own flush (as kernels, in the blocked
+--          queue) and timed by its own event pair (or CUPTI span): the kernel's
+--          own launch-to-launch spread (1.3% at 21 us on H100) averages down
+--          while every call stays cold.
 --   hot    a batch of back-to-back calls per sample (warm L2), time / calls.
 --   graph  `graph_calls` calls captured once into a CUDA graph; each sample
 --          replays the graph behind the blocker: host overhead gone, for
@@ -33,8 +38,9 @@ M.defaults = {
   mode = "cold", warmup = 1, min_samples = 10, max_noise = 0.005, min_time = 0.5, max_time = 15,
   max_samples = math.huge, plateau = true, blocking = true, block_timeout = 5, sync = false,
   throttle = 0.75, throttle_delay = 0.05, clock = "nvml", skip_time = 0, batch_time = 0.01, batch_min = 4,
-  batch_max = 256, reference = true, timer = "events",
+  batch_max = 256, reference = true, timer = "events", cold_calls = 1, cold_batch_time = 4e-4,
 }
+local MAX_COLD_CALLS = 64 -- event pairs of the C timer (MLA_TIMING_MAX_CALLS)
 local FLUSH_DEFAULT = { cold = "clean", hot = false, graph = false }
 
 local function options(opts)
@@ -53,6 +59,13 @@ local function options(opts)
     error("bench: clock must be 'nvml', 'stamps' or 'none'", 3)
   end
   if o.timer ~= "events" and o.timer ~= "cupti" then error("bench: timer must be 'events' or 'cupti'", 3) end
+  local cc = o.cold_calls
+  if cc ~= "auto" and (math.type(cc) ~= "integer" or cc < 1 or cc > MAX_COLD_CALLS) then
+    error("bench: cold_calls must be an integer in [1, " .. MAX_COLD_CALLS .. "] or 'auto' (got " .. tostring(cc) .. ")", 3)
+  end
+  if type(o.cold_batch_time) ~= "number" or o.cold_batch_time <= 0 then
+    error("bench: cold_batch_time must be a positive number", 3)
+  end
   o.device = o.device or mla.device()
   return o
 end
@@ -116,9 +129,27 @@ local function gpu_sample(o, clock, launch, calls, block)
   return s.gpu_s / calls, s.sm_mhz
 end
 
-local function cold_sampler(o, clock, fn)
+-- k cold calls per sample: a flush (kernels, queued) and a new event pair between calls
+local function cold_sampler(o, clock, fn, k)
   local block = o.blocking and not o.sync
-  return function() return gpu_sample(o, clock, fn, 1, block) end
+  local dev = o.device
+  local launch = fn
+  if k > 1 then
+    launch = function()
+      fn()
+      for _ = 2, k do
+        core.timing_next(dev)
+        fn()
+      end
+    end
+  end
+  return function() return gpu_sample(o, clock, launch, k, block) end
+end
+
+local function cold_calls_for(o, est)
+  if o.cold_calls ~= "auto" then return o.cold_calls end
+  if est <= 0 then return MAX_COLD_CALLS end
+  return math.max(1, math.min(MAX_COLD_CALLS, math.ceil(o.cold_batch_time / est)))
 end
 
 local function hot_sampler(o, clock, fn, calls)
@@ -226,6 +257,7 @@ local function summarize(res, o)
   if res.dropped > 0 then flags[#flags + 1] = "throttled:" .. res.dropped end
   if res.sync_mode then flags[#flags + 1] = "MLALAB_SYNC:unblocked" end
   if res.timer == "cupti" then flags[#flags + 1] = "cupti" end
+  if res.mode == "cold" and res.calls > 1 then flags[#flags + 1] = "cold-x" .. res.calls end
   res.flags = flags
 end
 
@@ -239,7 +271,9 @@ end
 -- event pair, NVBench's) or "cupti" (the GPU's activity timeline: first start to
 -- last end of the kernels, copies and memsets inside the sample, as Nsight
 -- Systems and FlashMLA's benchmarks read it; without the ~1.5 us of front-end work
--- an event pair brackets, bench/RESULTS.md), setup (untimed,
+-- an event pair brackets, bench/RESULTS.md), cold_calls=1 (cold: calls per
+-- sample, each flushed and timed on its own; "auto": enough for
+-- cold_batch_time=4e-4 s), setup (untimed,
 -- before every sample), verbose, log=true (throttle messages on stderr).
 local bench_body
 
@@ -302,7 +336,8 @@ bench_body = function(fn, o)
     res.calls = o.mode == "cold" and 1 or (o.graph_calls or calls_for(o, est))
     sample = cpu_sampler(fn, res.calls)
   elseif o.mode == "cold" then
-    sample = cold_sampler(o, clock, fn)
+    res.calls = cold_calls_for(o, est)
+    sample = cold_sampler(o, clock, fn, res.calls)
   elseif o.mode == "hot" then
     res.calls = calls_for(o, est)
     sample = hot_sampler(o, clock, fn, res.calls)

@@ -14,6 +14,8 @@ extern "C" {
 cudaError_t mla_cuda_block_stream(const int32_t *flag, int32_t *timed_out, double timeout_s, cudaStream_t s);
 /* Reads `bytes` of p (a multiple of 16, 16-aligned) through L2. */
 cudaError_t mla_cuda_l2_read(const void *p, int64_t bytes, uint32_t *sink, int sm_count, cudaStream_t s);
+/* Writes zeros over `bytes` of p (a multiple of 16, 16-aligned) through L2. */
+cudaError_t mla_cuda_l2_fill(void *p, int64_t bytes, int sm_count, cudaStream_t s);
 /* out[0] = global timer (ns), out[1] = SM 0's cycle counter. */
 cudaError_t mla_cuda_clock_stamp(uint64_t *out, int sm_count, cudaStream_t s);
 
