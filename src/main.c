@@ -442,7 +442,7 @@ static void setup_paths(lua_State *L) {
   char exe[4096], dir[4096], cand[8300];
   const char *found = NULL;
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  static char root[4096];
+  static char root[4096 + 32]; /* dir plus the longest suffix in rel */
   if (n > 0) {
     exe[n] = 0;
     snprintf(dir, sizeof dir, "%s", exe);
