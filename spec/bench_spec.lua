@@ -307,6 +307,17 @@ describe("bench on the GPU #gpu", function()
     assert.is_true(auto.calls >= 3 and auto.calls <= 8, "auto calls " .. auto.calls)
   end)
 
+  it("says so when some calls of a cold batch launched nothing under timer='cupti'", function()
+    local i = 0
+    local every_other = function()
+      i = i + 1
+      if i % 2 == 1 then copy() end
+    end
+    S.assert_error_contains(function() mla.bench(every_other, { timer = "cupti", cold_calls = 4, max_time = 1 }) end,
+      "saw GPU work in 2 of the 4 calls")
+    assert.is_true(mla.bench(copy, { max_time = 1 }).n >= 10)
+  end)
+
   it("keeps cold batches cold: a warm-L2 copy would be far faster than the flushed one", function()
     local s, d = mla.random_bytes({ 4 << 20 }, { device = "cuda", seed = 5 }), mla.empty({ 4 << 20 }, "u8", "cuda")
     local f = function() d:copy(s) end

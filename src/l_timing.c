@@ -66,7 +66,7 @@ static int l_timing_next(lua_State *L) {
   return 0;
 }
 
-/* core.timing_end(dev) -> {gpu_s=, cpu_s=, sm_mhz=, block_timed_out=, calls=} */
+/* core.timing_end(dev) -> {gpu_s=, cpu_s=, sm_mhz=, block_timed_out=} */
 static int l_timing_end(lua_State *L) {
   int dev = gpu_arg(L, 1);
   mla_timing_sample s;
@@ -76,7 +76,6 @@ static int l_timing_end(lua_State *L) {
   lua_pushnumber(L, s.cpu_s), lua_setfield(L, -2, "cpu_s");
   if (s.sm_mhz > 0) lua_pushnumber(L, s.sm_mhz), lua_setfield(L, -2, "sm_mhz");
   lua_pushboolean(L, s.block_timed_out), lua_setfield(L, -2, "block_timed_out");
-  lua_pushinteger(L, s.calls), lua_setfield(L, -2, "calls");
   if (s.activities > 0) {
     lua_pushnumber(L, s.span_s), lua_setfield(L, -2, "span_s");
     lua_pushnumber(L, s.busy_s), lua_setfield(L, -2, "busy_s");

@@ -173,19 +173,30 @@ static int launched(int dev, cudaError_t e, const char *name) {
   return 0;
 }
 
+/* The L2 flush of a sample: a write pass over one L2-sized buffer (NVBench's
+ * memset, or, between the calls of a cold batch, a kernel the activity
+ * timeline can tell from the work), then for the clean flush a read pass over
+ * a second one. */
+static int enqueue_flush(int dev, timing_dev *t, int flush, int as_kernel, cudaStream_t s) {
+  const int64_t bytes = t->l2_bytes & ~(int64_t)15;
+  if (flush != MLA_FLUSH_NONE && t->l2buf) {
+    if (as_kernel ? launched(dev, mla_cuda_l2_fill(t->l2buf, bytes, t->sm_count, s), "l2_fill")
+                  : mla_cuda_check(cudaMemsetAsync(t->l2buf, 0, (size_t)t->l2_bytes, s), "L2 flush"))
+      return -1;
+  }
+  if (flush == MLA_FLUSH_CLEAN && t->l2buf2 &&
+      launched(dev, mla_cuda_l2_read(t->l2buf2, bytes, t->sink, t->sm_count, s), "l2_read"))
+    return -1;
+  return 0;
+}
+
 int mla_timing_begin(int dev, const mla_timing_opts *o) {
   timing_dev *t = state(dev);
   if (!t) return -1;
   if (t->active) return mla_err("timing: a sample is already open on cuda:%d", dev);
   cudaStream_t s = mla_device_stream(dev);
   if (!s) return -1;
-  if (o->flush != MLA_FLUSH_NONE && t->l2buf &&
-      mla_cuda_check(cudaMemsetAsync(t->l2buf, 0, (size_t)t->l2_bytes, s), "L2 flush"))
-    return -1;
-  if (o->flush == MLA_FLUSH_CLEAN && t->l2buf2 &&
-      launched(dev, mla_cuda_l2_read(t->l2buf2, t->l2_bytes & ~(int64_t)15, t->sink, t->sm_count, s), "l2_read"))
-    return -1;
-  if (mla_device_sync(dev)) return -1;
+  if (enqueue_flush(dev, t, o->flush, 0, s) || mla_device_sync(dev)) return -1;
   if (o->cupti && mla_cupti_mark(dev)) return -1;
   t->opts = *o;
   t->cpu0 = mla_clock_now();
@@ -223,11 +234,7 @@ int mla_timing_next(int dev) {
    * records between them, so nothing but the flush precedes a call */
   const int pairs = !t->opts.cupti;
   int rc = pairs ? mla_cuda_check(cudaEventRecord(t->ev1[t->ncalls - 1], s), "cudaEventRecord") : 0;
-  /* the flush as kernels (the activity timeline tells them from the work) */
-  if (rc == 0 && t->opts.flush != MLA_FLUSH_NONE && t->l2buf)
-    rc = launched(dev, mla_cuda_l2_fill(t->l2buf, t->l2_bytes & ~(int64_t)15, t->sm_count, s), "l2_fill");
-  if (rc == 0 && t->opts.flush == MLA_FLUSH_CLEAN && t->l2buf2)
-    rc = launched(dev, mla_cuda_l2_read(t->l2buf2, t->l2_bytes & ~(int64_t)15, t->sink, t->sm_count, s), "l2_read");
+  if (rc == 0) rc = enqueue_flush(dev, t, t->opts.flush, 1, s);
   if (rc == 0 && pairs) rc = mla_cuda_check(cudaEventRecord(t->ev0[t->ncalls], s), "cudaEventRecord");
   if (rc) {
     mla_timing_abort(dev);
@@ -274,7 +281,6 @@ int mla_timing_end(int dev, mla_timing_sample *out) {
     if (mla_cuda_check(cudaEventElapsedTime(&ms, t->ev0[i], t->ev1[stop]), "cudaEventElapsedTime")) return -1;
     out->gpu_s += ms * 1e-3;
   }
-  out->calls = t->ncalls;
   out->block_timed_out = t->opts.block && *t->tout_h;
   if (t->opts.cupti) {
     mla_cupti_span sp;

@@ -46,7 +46,6 @@ typedef struct mla_timing_opts {
 typedef struct mla_timing_sample {
   double gpu_s;     /* start event to stop event, summed over the calls (cupti: one
                        pair around the whole batch, its flushes included) */
-  int calls;        /* event pairs (calls of a cold batch) */
   double cpu_s;     /* host time from after the flush to after the final sync */
   double sm_mhz;    /* SM clock during the sample, 0 when unknown */
   int block_timed_out; /* the blocker released itself: the caller synchronized inside the sample */

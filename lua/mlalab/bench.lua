@@ -108,7 +108,8 @@ local function guarded(dev, f, ...)
   end
 end
 
-local function gpu_sample(o, clock, launch, calls, block)
+-- segments: calls the CUPTI timeline must tell apart (k in a cold batch, else 1)
+local function gpu_sample(o, clock, launch, calls, block, segments)
   local dev = o.device
   local cupti = o.timer == "cupti"
   core.timing_begin(dev, { flush = o.flush, block = block, clock = clock, block_timeout = o.block_timeout, cupti = cupti })
@@ -123,6 +124,10 @@ local function gpu_sample(o, clock, launch, calls, block)
     if not s.activities then
       error("bench: timer 'cupti' saw no kernel, copy or memset on " .. dev .. " inside the sample: the function "
         .. "launched nothing on the GPU", 0)
+    end
+    if segments and segments > 1 and s.cupti_calls ~= segments then
+      error(string.format("bench: timer 'cupti' saw GPU work in %d of the %d calls of a cold batch: every call must "
+        .. "launch work on the GPU", s.cupti_calls, segments), 0)
     end
     return s.span_s / calls, s.sm_mhz
   end
@@ -143,7 +148,7 @@ local function cold_sampler(o, clock, fn, k)
       end
     end
   end
-  return function() return gpu_sample(o, clock, launch, k, block) end
+  return function() return gpu_sample(o, clock, launch, k, block, k) end
 end
 
 local function cold_calls_for(o, est)
