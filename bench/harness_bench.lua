@@ -8,10 +8,12 @@
 -- 2. A 1 MiB copy timed cold with the blocking kernel, without it (the launch
 --    gap of an idle stream lands inside the event pair), as a CUDA graph, and
 --    from the CUPTI activity timeline.
--- Each size is timed five ways (VARIANTS): event pair after NVBench's memset
+-- Each size is timed seven ways (VARIANTS): event pair after NVBench's memset
 -- flush, event pair after the clean flush (the default), the CUPTI timeline
--- (timer="cupti"), and both timers on cold batches (cold_calls="auto": each
--- sample the mean of several cold calls, each flushed).
+-- (timer="cupti"), the performance monitors' gpu__time_duration (timer="pm",
+-- the counter ncu reads, in this process and behind this harness's flush), and
+-- the last three on cold batches (cold_calls="auto": each sample the mean of
+-- several cold calls, each flushed).
 --
 --   mlalab bench/harness_bench.lua [--out DIR] [--sizes 32,64,128,256,512]   harness timings (MiB)
 --                                  [--only cupti,cbatch]                  only these VARIANTS
@@ -71,6 +73,8 @@ local VARIANTS = {
   { "cupti", "cupti, clean", { timer = "cupti" } },
   { "batch", "events, cold x auto", { cold_calls = "auto" } },
   { "cbatch", "cupti, cold x auto", { timer = "cupti", cold_calls = "auto" } },
+  { "pm", "pm, clean", { timer = "pm", metrics = { "dram__bytes_read.sum", "dram__bytes_write.sum" } } },
+  { "pbatch", "pm, cold x auto", { timer = "pm", cold_calls = "auto" } },
 }
 if args.only then
   local keep = {}
@@ -176,12 +180,21 @@ local res = mla.sweep {
     return out
   end,
   jsonl = jsonl, csv = args.out .. "/harness_copy.csv",
-  plot = { file = args.out .. "/harness_copy.svg", x = "bytes", y = "bench_gbs", logx = true, title = "copy kernel GB/s (read + write), cold" },
+  plot = { file = args.out .. "/harness_copy.svg", x = "bytes", y = VARIANTS[1][1] .. "_gbs", logx = true, title = "copy kernel GB/s (read + write), cold" },
   table = false,
 }
 print(B.header())
 for _, rec in ipairs(res.records) do
   for _, v in ipairs(VARIANTS) do print(rec._value[v[1]]:row()) end
+end
+print()
+-- what the DRAM counters saw per copy, beside the bytes the bench declares
+for _, rec in ipairs(res.records) do
+  local r = rec._value.pm
+  if r and r.metrics then
+    print(string.format("%s: DRAM read %.2f MiB, written %.2f MiB per call (declared %.0f MiB each way)", r.name,
+      r.metrics["dram__bytes_read.sum"] / MiB, r.metrics["dram__bytes_write.sum"] / MiB, r.bytes / 2 / MiB))
+  end
 end
 print()
 print("Time the same kernels with Nsight Compute (cold caches, clocks not locked, so it sees what the harness sees):")

@@ -105,6 +105,24 @@ describe("bench on the cpu", function()
     S.assert_error_contains(function() mla.bench(42) end, "a function expected")
     S.assert_error_contains(function() mla.bench(function() end, { flush = "dirty" }) end, "flush must be")
     S.assert_error_contains(function() mla.bench(function() end, { timer = "tsc" }) end, "timer must be")
+    S.assert_error_contains(function() mla.bench(function() end, { metrics = { "dram__bytes_read.sum" } }) end,
+      "metrics are read by timer 'pm'")
+    S.assert_error_contains(function()
+      mla.bench(function() end, { timer = "pm", metrics = { "a.sum", "b.sum", "c.sum", "d.sum", "e.sum", "f.sum",
+        "g.sum", "h.sum", "i.sum" } })
+    end, "at most 8 counter names")
+    S.assert_error_contains(function() mla.bench(function() end, { timer = "pm", metrics = { 42 } }) end,
+      "metrics[1] must be a metric name")
+    S.assert_error_contains(function() mla.bench(function() end, { timer = "pm", mode = "graph" }) end,
+      "timer 'pm' profiles kernels one by one")
+  end)
+
+  it("refuses GPU counters on the cpu device, which times with a clock", function()
+    S.assert_error_contains(function()
+      mla.bench(function() end, { device = "cpu", timer = "pm", metrics = { "dram__bytes_read.sum" } })
+    end, "the cpu device has none")
+    local r = mla.bench(function() end, { device = "cpu", timer = "pm", min_time = 0, max_time = 0.05 })
+    assert.equal("clock", r.timer)
   end)
 
   it("times with the monotonic clock on the cpu whatever GPU timer is asked for", function()
@@ -316,6 +334,65 @@ describe("bench on the GPU #gpu", function()
     S.assert_error_contains(function() mla.bench(every_other, { timer = "cupti", cold_calls = 4, max_time = 1 }) end,
       "saw GPU work in 2 of the 4 calls")
     assert.is_true(mla.bench(copy, { max_time = 1 }).n >= 10)
+  end)
+
+  it("times kernels from the performance monitors with timer='pm' and reads DRAM counters per call", function()
+    local ok, why = mla.core.pm_available()
+    assert.is_true(ok, why)
+    -- a padded destination row: copy_rows_kernel (a contiguous copy is a cudaMemcpy, which is no kernel)
+    local rows = 16384
+    local s = mla.random_bytes({ rows, 4096 }, { device = "cuda", seed = 11 })
+    local d = mla.empty({ rows, 4096 + 128 }, "u8", "cuda"):narrow(1, 0, 4096)
+    local f = function() d:copy(s) end
+    local bytes = rows * 4096
+    local cu = mla.bench(f, { name = "copy64M cupti", bytes = 2 * bytes, timer = "cupti", max_time = 5 })
+    local pm = mla.bench(f, { name = "copy64M pm", bytes = 2 * bytes, timer = "pm", max_time = 5,
+      metrics = { "dram__bytes_read.sum", "dram__bytes_write.sum" } })
+    print("\n" .. B.header() .. "\n" .. tostring(cu) .. "\n" .. tostring(pm))
+    print(string.format("DRAM read %.0f, written %.0f bytes per call; %d bytes each way declared",
+      pm.metrics["dram__bytes_read.sum"], pm.metrics["dram__bytes_write.sum"], bytes))
+    assert.equal("pm", pm.timer)
+    assert.truthy(table.concat(pm.flags, ","):find("pm", 1, true))
+    -- the same kernel: the monitors' duration includes the grid launch the timeline leaves out, a few us at most
+    assert.is_true(pm.median >= cu.median * 0.99 and pm.median <= cu.median * 1.10,
+      string.format("pm %.4g vs cupti %.4g", pm.median, cu.median))
+    assert.is_true(pm.noise < 0.05, "noise " .. pm.noise)
+    -- behind the flush the source comes from DRAM whole; the writes may partly stay in L2 when the kernel ends
+    local rd, wr = pm.metrics["dram__bytes_read.sum"], pm.metrics["dram__bytes_write.sum"]
+    assert.is_true(rd >= 0.98 * bytes and rd <= 1.05 * bytes, "read " .. rd)
+    assert.is_true(wr > 0.1 * bytes and wr <= 1.05 * bytes, "written " .. wr)
+    local js = pm:summary()
+    assert.equal(rd, js.metrics["dram__bytes_read.sum"])
+    -- cold batches: each call its own counters, flushes not profiled
+    local x4 = mla.bench(f, { name = "copy64M pm x4", bytes = 2 * bytes, timer = "pm", cold_calls = 4, max_time = 3 })
+    assert.equal(4, x4.calls)
+    assert.is_true(math.abs(x4.median / pm.median - 1) < 0.05, string.format("x4 %.4g vs x1 %.4g", x4.median, pm.median))
+    -- the profiler is off again: the other timers still work
+    assert.is_true(mla.bench(f, { max_time = 1 }).n >= 10)
+    assert.is_true(mla.bench(f, { timer = "cupti", max_time = 1 }).n >= 10)
+  end)
+
+  it("says what is wrong with a timer='pm' request", function()
+    local rows = 1024
+    local s = mla.random_bytes({ rows, 4096 }, { device = "cuda", seed = 12 })
+    local d = mla.empty({ rows, 4096 + 128 }, "u8", "cuda"):narrow(1, 0, 4096)
+    local f = function() d:copy(s) end
+    S.assert_error_contains(function() mla.bench(function() end, { timer = "pm", max_time = 1 }) end,
+      "timer 'pm' saw no kernel")
+    S.assert_error_contains(function() mla.bench(f, { timer = "pm", metrics = { "no__such_counter.sum" }, max_time = 1 }) end,
+      "is not a metric")
+    S.assert_error_contains(function()
+      mla.bench(f, { timer = "pm", metrics = { "dram__throughput.avg.pct_of_peak_sustained_elapsed" }, max_time = 1 })
+    end, "takes counters")
+    local i = 0
+    local every_other = function()
+      i = i + 1
+      if i % 2 == 1 then f() end
+    end
+    S.assert_error_contains(function() mla.bench(every_other, { timer = "pm", cold_calls = 4, max_time = 1 }) end,
+      "saw kernels in 2 of the 4 calls")
+    -- each failure closed its session: a new one opens
+    assert.is_true(mla.bench(f, { timer = "pm", max_time = 1 }).n >= 10)
   end)
 
   it("keeps cold batches cold: a warm-L2 copy would be far faster than the flushed one", function()

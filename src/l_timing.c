@@ -5,6 +5,7 @@
 #include "mla_error.h"
 #include "timing.h"
 #include "timing_cupti.h"
+#include "timing_pm.h"
 
 #define MLA_GRAPH_MT "mlalab.Graph"
 
@@ -37,10 +38,11 @@ static int opt_bool(lua_State *L, int t, const char *k, int def) {
 }
 
 /* core.timing_begin(dev, {flush=true|"memset"|"clean"|false, block=true, clock="nvml"|"stamps"|"none", block_timeout=5,
- *                         cupti=false}) */
+ *                         cupti=false, pm=false}) */
 static int l_timing_begin(lua_State *L) {
   int dev = gpu_arg(L, 1);
-  mla_timing_opts o = {MLA_FLUSH_MEMSET, opt_bool(L, 2, "block", 1), MLA_CLOCK_NONE, 5.0, opt_bool(L, 2, "cupti", 0)};
+  mla_timing_opts o = {MLA_FLUSH_MEMSET, opt_bool(L, 2, "block", 1), MLA_CLOCK_NONE, 5.0, opt_bool(L, 2, "cupti", 0),
+                       opt_bool(L, 2, "pm", 0)};
   /* flush: true / "memset" (NVBench), "clean" (memset + read pass), false / "none" */
   if (mla_opt_field(L, 2, "flush") == LUA_TSTRING) {
     static const char *const kinds[] = {"none", "memset", "clean", NULL};
@@ -82,7 +84,51 @@ static int l_timing_end(lua_State *L) {
     lua_pushinteger(L, (lua_Integer)s.activities), lua_setfield(L, -2, "activities");
     lua_pushinteger(L, (lua_Integer)s.cupti_calls), lua_setfield(L, -2, "cupti_calls");
   }
+  if (s.pm_kernels > 0) {
+    lua_pushnumber(L, s.pm_s), lua_setfield(L, -2, "pm_s");
+    lua_pushinteger(L, (lua_Integer)s.pm_kernels), lua_setfield(L, -2, "pm_kernels");
+    lua_pushinteger(L, (lua_Integer)s.pm_calls), lua_setfield(L, -2, "pm_calls");
+    lua_createtable(L, MLA_PM_MAX_METRICS, 0);
+    for (int i = 0; i < MLA_PM_MAX_METRICS; i++) lua_pushnumber(L, s.pm_metrics[i]), lua_rawseti(L, -2, i + 1);
+    lua_setfield(L, -2, "pm_metrics");
+  }
   return 1;
+}
+
+/* core.pm_open(dev, {metric names}): a range-profiler session on dev
+ * (gpu__time_duration.sum plus these counters); errors say why it cannot. */
+static int l_pm_open(lua_State *L) {
+  int dev = gpu_arg(L, 1);
+  const char *names[MLA_PM_MAX_METRICS];
+  int n = 0;
+  if (!lua_isnoneornil(L, 2)) {
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_Integer len = luaL_len(L, 2);
+    if (len > MLA_PM_MAX_METRICS) return luaL_error(L, "pm_open: at most %d metrics (got %d)", MLA_PM_MAX_METRICS, (int)len);
+    for (n = 0; n < (int)len; n++) {
+      if (lua_geti(L, 2, n + 1) != LUA_TSTRING) return luaL_error(L, "pm_open: metric %d is not a string", n + 1);
+      names[n] = lua_tostring(L, -1); /* anchored by the table at index 2 */
+      lua_pop(L, 1);
+    }
+  }
+  if (mla_pm_open(dev, names, n)) return mla_lua_errorf(L, "pm_open");
+  return 0;
+}
+
+static int l_pm_close(lua_State *L) {
+  (void)L;
+  mla_pm_close();
+  return 0;
+}
+
+/* core.pm_available() -> true, or false and the reason */
+static int l_pm_available(lua_State *L) {
+  const char *why = NULL;
+  int ok = mla_pm_available(&why);
+  lua_pushboolean(L, ok);
+  if (ok) return 1;
+  lua_pushstring(L, why);
+  return 2;
 }
 
 /* core.cupti_open(): start reading the GPU's activity timeline (errors say why it cannot). */
@@ -210,6 +256,7 @@ MLA_LUA_MODULE(timing) {
     {"timing_begin", l_timing_begin}, {"timing_next", l_timing_next}, {"timing_end", l_timing_end},
     {"timing_abort", l_timing_abort},
     {"cupti_open", l_cupti_open}, {"cupti_close", l_cupti_close}, {"cupti_available", l_cupti_available},
+    {"pm_open", l_pm_open}, {"pm_close", l_pm_close}, {"pm_available", l_pm_available},
     {"timing_info", l_timing_info}, {"sm_clock", l_sm_clock},
     {"graph_begin", l_graph_begin}, {"graph_end", l_graph_end}, {"graph_abort", l_graph_abort},
     {"memcpy_bandwidth", l_memcpy_bandwidth}, {"gemm_rate", l_gemm_rate},

@@ -13,8 +13,12 @@
 #include "kernels/timing_kernels.h"
 #include "mla_error.h"
 #include "timing_cupti.h"
+#include "timing_pm.h"
 
 #define MAX_DEV 16
+
+_Static_assert(sizeof(((mla_timing_sample *)0)->pm_metrics) == MLA_PM_MAX_METRICS * sizeof(double),
+               "pm_metrics holds the pm session's metrics");
 
 double mla_clock_now(void) {
   struct timespec ts;
@@ -105,6 +109,7 @@ typedef struct timing_dev {
   double nvml_mhz, nvml_at; /* last NVML reading and when */
   mla_timing_opts opts;
   double cpu0;
+  mla_pm_acc pm; /* the pm timer's sums over the calls of the sample */
 } timing_dev;
 
 static timing_dev tdev[MAX_DEV];
@@ -194,10 +199,16 @@ int mla_timing_begin(int dev, const mla_timing_opts *o) {
   timing_dev *t = state(dev);
   if (!t) return -1;
   if (t->active) return mla_err("timing: a sample is already open on cuda:%d", dev);
+  if (o->pm && (o->block || o->clock == MLA_CLOCK_STAMPS || o->cupti))
+    return mla_err("timer 'pm': the profiler serializes kernels, so it takes no blocking kernel, no clock stamps "
+                   "and no CUPTI timeline");
+  if (o->pm && mla_pm_device() != dev) return mla_err("timer 'pm': no profiler session is open on cuda:%d", dev);
   cudaStream_t s = mla_device_stream(dev);
   if (!s) return -1;
   if (enqueue_flush(dev, t, o->flush, 0, s) || mla_device_sync(dev)) return -1;
   if (o->cupti && mla_cupti_mark(dev)) return -1;
+  memset(&t->pm, 0, sizeof t->pm);
+  if (o->pm && mla_pm_start()) return -1;
   t->opts = *o;
   t->cpu0 = mla_clock_now();
   /* under cupti the start event goes before the blocker, so only harness
@@ -231,10 +242,13 @@ int mla_timing_next(int dev) {
   }
   cudaStream_t s = mla_device_stream(dev);
   /* under cupti the calls are told apart by the flush kernels: no event
-   * records between them, so nothing but the flush precedes a call */
-  const int pairs = !t->opts.cupti;
+   * records between them, so nothing but the flush precedes a call; under pm
+   * the counters stop for the flush */
+  const int pairs = !t->opts.cupti && !t->opts.pm;
   int rc = pairs ? mla_cuda_check(cudaEventRecord(t->ev1[t->ncalls - 1], s), "cudaEventRecord") : 0;
+  if (rc == 0 && t->opts.pm) rc = mla_device_sync(dev) || mla_pm_stop(&t->pm);
   if (rc == 0) rc = enqueue_flush(dev, t, t->opts.flush, 1, s);
+  if (rc == 0 && t->opts.pm) rc = mla_device_sync(dev) || mla_pm_start();
   if (rc == 0 && pairs) rc = mla_cuda_check(cudaEventRecord(t->ev0[t->ncalls], s), "cudaEventRecord");
   if (rc) {
     mla_timing_abort(dev);
@@ -269,15 +283,25 @@ int mla_timing_end(int dev, mla_timing_sample *out) {
   t->active = 0;
   if (rc) {
     mla_device_sync_all();
+    if (t->opts.pm) mla_pm_cancel();
     return rc;
   }
-  if (mla_device_sync(dev)) return -1;
+  if (mla_device_sync(dev)) {
+    if (t->opts.pm) mla_pm_cancel();
+    return -1;
+  }
   out->cpu_s = mla_clock_now() - t->cpu0;
-  /* a pair per call; under cupti one pair around the whole batch, flushes included */
-  const int pairs = t->opts.cupti ? 1 : t->ncalls;
+  if (t->opts.pm) {
+    if (mla_pm_stop(&t->pm)) return -1;
+    out->pm_s = t->pm.time_s, out->pm_kernels = t->pm.kernels, out->pm_calls = t->pm.calls;
+    memcpy(out->pm_metrics, t->pm.metrics, sizeof out->pm_metrics);
+  }
+  /* a pair per call; under cupti and pm one pair around the whole batch, flushes included */
+  const int whole = t->opts.cupti || t->opts.pm;
+  const int pairs = whole ? 1 : t->ncalls;
   for (int i = 0; i < pairs; i++) {
     float ms = 0;
-    const int stop = t->opts.cupti ? t->ncalls - 1 : i;
+    const int stop = whole ? t->ncalls - 1 : i;
     if (mla_cuda_check(cudaEventElapsedTime(&ms, t->ev0[i], t->ev1[stop]), "cudaEventElapsedTime")) return -1;
     out->gpu_s += ms * 1e-3;
   }
@@ -304,6 +328,7 @@ void mla_timing_abort(int dev) {
   cudaStream_t s = mla_device_stream(dev);
   if (s) cudaStreamSynchronize(s);
   cudaGetLastError();
+  if (t->opts.pm) mla_pm_cancel();
 }
 
 /* ---- CUDA graphs ------------------------------------------------------------ */

@@ -39,6 +39,9 @@ typedef struct mla_timing_opts {
   mla_clock_source clock;
   double block_timeout;  /* seconds the blocker waits before releasing itself */
   int cupti;             /* also read the GPU's activity timeline (timing_cupti.h; opened by the caller) */
+  int pm;                /* also read each kernel's duration from the performance monitors
+                            (timing_pm.h; session opened by the caller); takes no blocker
+                            and no clock stamps, and the calls of a batch are synchronized */
 } mla_timing_opts;
 
 #define MLA_TIMING_MAX_CALLS 64 /* calls of a cold batch */
@@ -53,6 +56,9 @@ typedef struct mla_timing_sample {
   double busy_s;    /* cupti: sum of those activities' durations */
   int64_t activities; /* cupti: kernels, copies and memsets seen */
   int64_t cupti_calls; /* cupti: runs of activity between the harness's kernels */
+  double pm_s;      /* pm: sum of the work's kernel durations (gpu__time_duration) */
+  int64_t pm_kernels, pm_calls; /* pm: kernels profiled; calls that launched at least one */
+  double pm_metrics[8]; /* pm: the session's extra metrics, summed (MLA_PM_MAX_METRICS) */
 } mla_timing_sample;
 
 int mla_timing_begin(int dev, const mla_timing_opts *o);

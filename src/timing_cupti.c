@@ -80,12 +80,22 @@ static void *open_lib(void) {
   return NULL;
 }
 
+#define NO_LIB "libcupti.so not found (CUDA toolkit lib64 or extras/CUPTI; set CUDA_HOME)"
+
+void *mla_cupti_lib(const char **why) {
+  static int tried;
+  static void *lib;
+  if (!tried) tried = 1, lib = open_lib();
+  if (why) *why = lib ? "" : NO_LIB;
+  return lib;
+}
+
 static int load(void) {
   if (cu.tried) return cu.loaded;
   cu.tried = 1;
-  void *h = open_lib();
+  void *h = mla_cupti_lib(NULL);
   if (!h) {
-    snprintf(cu.why, sizeof cu.why, "libcupti.so not found (CUDA toolkit lib64 or extras/CUPTI; set CUDA_HOME)");
+    snprintf(cu.why, sizeof cu.why, NO_LIB);
     return 0;
   }
   *(void **)&cu.enable = dlsym(h, "cuptiActivityEnable");

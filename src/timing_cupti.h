@@ -33,5 +33,8 @@ int mla_cupti_collect(int dev, mla_cupti_span *out);
 void mla_cupti_close(void);
 /* Whether libcupti can be loaded, with the reason when it cannot. */
 int mla_cupti_available(const char **why);
+/* The dlopen handle of libcupti (also the range profiler's, timing_pm.c),
+ * NULL with the reason when it cannot be loaded. */
+void *mla_cupti_lib(const char **why);
 
 #endif

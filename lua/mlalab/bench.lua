@@ -41,6 +41,7 @@ M.defaults = {
   batch_max = 256, reference = true, timer = "events", cold_calls = 1, cold_batch_time = 4e-4,
 }
 local MAX_COLD_CALLS = 64 -- event pairs of the C timer (MLA_TIMING_MAX_CALLS)
+local MAX_METRICS = 8 -- counters besides the duration (MLA_PM_MAX_METRICS)
 local FLUSH_DEFAULT = { cold = "clean", hot = false, graph = false }
 
 local function options(opts)
@@ -58,7 +59,21 @@ local function options(opts)
   if o.clock ~= "nvml" and o.clock ~= "stamps" and o.clock ~= "none" then
     error("bench: clock must be 'nvml', 'stamps' or 'none'", 3)
   end
-  if o.timer ~= "events" and o.timer ~= "cupti" then error("bench: timer must be 'events' or 'cupti'", 3) end
+  if o.timer ~= "events" and o.timer ~= "cupti" and o.timer ~= "pm" then
+    error("bench: timer must be 'events', 'cupti' or 'pm'", 3)
+  end
+  if o.metrics ~= nil then
+    if o.timer ~= "pm" then error("bench: metrics are read by timer 'pm' (got timer '" .. tostring(o.timer) .. "')", 3) end
+    if type(o.metrics) ~= "table" or #o.metrics > MAX_METRICS then
+      error("bench: metrics must be a list of at most " .. MAX_METRICS .. " counter names", 3)
+    end
+    for i, m in ipairs(o.metrics) do
+      if type(m) ~= "string" or m == "" then error("bench: metrics[" .. i .. "] must be a metric name", 3) end
+    end
+  end
+  if o.timer == "pm" and o.mode == "graph" then
+    error("bench: timer 'pm' profiles kernels one by one; time graphs with 'events' or 'cupti'", 3)
+  end
   local cc = o.cold_calls
   if cc ~= "auto" and (math.type(cc) ~= "integer" or cc < 1 or cc > MAX_COLD_CALLS) then
     error("bench: cold_calls must be an integer in [1, " .. MAX_COLD_CALLS .. "] or 'auto' (got " .. tostring(cc) .. ")", 3)
@@ -67,6 +82,9 @@ local function options(opts)
     error("bench: cold_batch_time must be a positive number", 3)
   end
   o.device = o.device or mla.device()
+  if o.metrics and o.device == "cpu" then
+    error("bench: metrics are GPU counters; the cpu device has none (it times with a clock)", 3)
+  end
   return o
 end
 
@@ -108,11 +126,31 @@ local function guarded(dev, f, ...)
   end
 end
 
+-- The pm timer's reading of one sample: seconds and metrics per call.
+local function pm_reading(s, dev, calls, segments, nmetrics)
+  if not s.pm_kernels then
+    error("bench: timer 'pm' saw no kernel on " .. dev .. " inside the sample: the function launched none (copies "
+      .. "and memsets are not profiled)", 0)
+  end
+  if segments and segments > 1 and s.pm_calls ~= segments then
+    error(string.format("bench: timer 'pm' saw kernels in %d of the %d calls of a cold batch: every call must "
+      .. "launch a kernel", s.pm_calls, segments), 0)
+  end
+  local per_call = {}
+  for i = 1, nmetrics do per_call[i] = s.pm_metrics[i] / calls end
+  return s.pm_s / calls, s.sm_mhz, per_call
+end
+
 -- segments: calls the CUPTI timeline must tell apart (k in a cold batch, else 1)
 local function gpu_sample(o, clock, launch, calls, block, segments)
   local dev = o.device
-  local cupti = o.timer == "cupti"
-  core.timing_begin(dev, { flush = o.flush, block = block, clock = clock, block_timeout = o.block_timeout, cupti = cupti })
+  local cupti, pm = o.timer == "cupti", o.timer == "pm"
+  if pm then -- the profiler serializes kernels: nothing may hold the stream
+    block = false
+    if clock == "stamps" then clock = "none" end
+  end
+  core.timing_begin(dev, { flush = o.flush, block = block, clock = clock, block_timeout = o.block_timeout, cupti = cupti,
+    pm = pm })
   guarded(dev, launch)
   local s = core.timing_end(dev)
   if s.block_timed_out then
@@ -131,6 +169,7 @@ local function gpu_sample(o, clock, launch, calls, block, segments)
     end
     return s.span_s / calls, s.sm_mhz
   end
+  if pm then return pm_reading(s, dev, calls, segments, o.metrics and #o.metrics or 0) end
   return s.gpu_s / calls, s.sm_mhz
 end
 
@@ -205,7 +244,7 @@ local function run_loop(o, sample, res)
   local t_start = core.clock()
   local clocks = {}
   while true do
-    local t, mhz = sample()
+    local t, mhz, metrics = sample()
     if mhz and default_mhz and mhz < o.throttle * default_mhz then
       -- NVBench: drop the sample, cool down, lengthen the pause when it keeps happening
       res.dropped = res.dropped + 1
@@ -219,6 +258,7 @@ local function run_loop(o, sample, res)
     else
       drops_in_row = 0
       res.samples[#res.samples + 1] = t
+      if metrics then res.metric_samples[#res.metric_samples + 1] = metrics end
       if mhz then clocks[#clocks + 1] = mhz end
       crit:add(t)
     end
@@ -261,7 +301,16 @@ local function summarize(res, o)
   if res.noise and res.noise > 0.05 then flags[#flags + 1] = "noisy" end
   if res.dropped > 0 then flags[#flags + 1] = "throttled:" .. res.dropped end
   if res.sync_mode then flags[#flags + 1] = "MLALAB_SYNC:unblocked" end
-  if res.timer == "cupti" then flags[#flags + 1] = "cupti" end
+  if res.timer == "cupti" or res.timer == "pm" then flags[#flags + 1] = res.timer end
+  if o.metrics and #res.metric_samples > 0 then
+    -- per call, the median over the samples (the counters of one kernel vary little)
+    res.metrics = {}
+    for i, name in ipairs(o.metrics) do
+      local v = {}
+      for j, m in ipairs(res.metric_samples) do v[j] = m[i] end
+      res.metrics[name] = S.summary(v).median
+    end
+  end
   if res.mode == "cold" and res.calls > 1 then flags[#flags + 1] = "cold-x" .. res.calls end
   res.flags = flags
 end
@@ -276,7 +325,11 @@ end
 -- event pair, NVBench's) or "cupti" (the GPU's activity timeline: first start to
 -- last end of the kernels, copies and memsets inside the sample, as Nsight
 -- Systems and FlashMLA's benchmarks read it; without the ~1.5 us of front-end work
--- an event pair brackets, bench/RESULTS.md), cold_calls=1 (cold: calls per
+-- an event pair brackets, bench/RESULTS.md) or "pm" (each kernel's
+-- gpu__time_duration from the performance monitors, Nsight Compute's "Duration";
+-- kernels are serialized and copies are not counted; not in graph mode),
+-- metrics (timer "pm": up to 8 counter names, e.g. "dram__bytes_read.sum",
+-- reported per call as res.metrics[name], the median over samples), cold_calls=1 (cold: calls per
 -- sample, each flushed and timed on its own; "auto": enough for
 -- cold_batch_time=4e-4 s), setup (untimed,
 -- before every sample), verbose, log=true (throttle messages on stderr).
@@ -285,19 +338,31 @@ local bench_body
 function M.bench(fn, opts)
   if type(fn) ~= "function" then error("bench: a function expected", 2) end
   local o = options(opts)
-  if o.timer ~= "cupti" or o.device == "cpu" then return bench_body(fn, o) end
-  local ok, why = core.cupti_available()
-  if not ok then error("bench: timer 'cupti' needs CUPTI: " .. why, 2) end
-  core.cupti_open()
+  if o.timer == "events" or o.device == "cpu" then return bench_body(fn, o) end
+  local open, close
+  if o.timer == "cupti" then
+    local ok, why = core.cupti_available()
+    if not ok then error("bench: timer 'cupti' needs CUPTI: " .. why, 2) end
+    open, close = core.cupti_open, core.cupti_close
+  else
+    local ok, why = core.pm_available()
+    if not ok then error("bench: timer 'pm' needs CUPTI's range profiler: " .. why, 2) end
+    -- the reference rates are timed before the profiler is on
+    if o.reference and o.bytes then M.memcpy_bandwidth(o.device) end
+    if o.reference and o.flops then M.gemm_rate(o.device) end
+    open = function() core.pm_open(o.device, o.metrics) end
+    close = core.pm_close
+  end
+  open()
   local done, res = pcall(bench_body, fn, o)
-  core.cupti_close()
+  close()
   if not done then error(res, 0) end
   return res
 end
 
 bench_body = function(fn, o)
   local res = setmetatable({ name = o.name or "bench", device = o.device, mode = o.mode, samples = {}, dropped = 0,
-    calls = 1, opts = o, timer = o.device ~= "cpu" and o.timer or "clock" }, Result)
+    calls = 1, opts = o, timer = o.device ~= "cpu" and o.timer or "clock", metric_samples = {} }, Result)
   local gpu = o.device ~= "cpu"
   local clock = o.clock
   local sync_env = os.getenv("MLALAB_SYNC")
@@ -378,7 +443,7 @@ function M.measure(sample, opts)
   if type(sample) ~= "function" then error("measure: a sampler function expected", 2) end
   local o = options(opts)
   local res = setmetatable({ name = o.name or "measure", device = o.device, mode = "custom", samples = {}, dropped = 0,
-    calls = 1, default_mhz = o.default_mhz, opts = o }, Result)
+    calls = 1, default_mhz = o.default_mhz, opts = o, metric_samples = {} }, Result)
   run_loop(o, sample, res)
   summarize(res, o)
   return res
@@ -432,7 +497,7 @@ function Result:summary()
   for _, k in ipairs { "name", "device", "mode", "n", "median", "min", "max", "mean", "stdev", "noise", "q1", "q3",
     "total", "wall", "dropped", "calls", "stop", "clock_mhz", "default_mhz", "clock_source", "bytes", "flops", "gbs",
     "tflops", "peak_gbs", "bw_util", "memcpy_gbs", "memcpy_frac", "gemm_tflops", "gemm_frac", "warmup_s", "skipped",
-    "timer" } do
+    "timer", "metrics" } do
     out[k] = self[k]
   end
   out.flags = self.flags and table.concat(self.flags, ",") or nil
