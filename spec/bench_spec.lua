@@ -216,6 +216,15 @@ describe("A/B verdicts", function()
   end)
 end)
 
+-- f on the 1st, 3rd, ... call only: a cold batch whose calls do not all launch work
+local function every_other(f)
+  local i = 0
+  return function()
+    i = i + 1
+    if i % 2 == 1 then f() end
+  end
+end
+
 describe("bench on the GPU #gpu", function()
   S.on_device("cuda", before_each, after_each)
   local N = 64 * 1024 * 1024 -- 64 MiB: ~45 us to copy
@@ -326,12 +335,7 @@ describe("bench on the GPU #gpu", function()
   end)
 
   it("says so when some calls of a cold batch launched nothing under timer='cupti'", function()
-    local i = 0
-    local every_other = function()
-      i = i + 1
-      if i % 2 == 1 then copy() end
-    end
-    S.assert_error_contains(function() mla.bench(every_other, { timer = "cupti", cold_calls = 4, max_time = 1 }) end,
+    S.assert_error_contains(function() mla.bench(every_other(copy), { timer = "cupti", cold_calls = 4, max_time = 1 }) end,
       "saw GPU work in 2 of the 4 calls")
     assert.is_true(mla.bench(copy, { max_time = 1 }).n >= 10)
   end)
@@ -384,12 +388,7 @@ describe("bench on the GPU #gpu", function()
     S.assert_error_contains(function()
       mla.bench(f, { timer = "pm", metrics = { "dram__throughput.avg.pct_of_peak_sustained_elapsed" }, max_time = 1 })
     end, "takes counters")
-    local i = 0
-    local every_other = function()
-      i = i + 1
-      if i % 2 == 1 then f() end
-    end
-    S.assert_error_contains(function() mla.bench(every_other, { timer = "pm", cold_calls = 4, max_time = 1 }) end,
+    S.assert_error_contains(function() mla.bench(every_other(f), { timer = "pm", cold_calls = 4, max_time = 1 }) end,
       "saw kernels in 2 of the 4 calls")
     -- each failure closed its session: a new one opens
     assert.is_true(mla.bench(f, { timer = "pm", max_time = 1 }).n >= 10)
