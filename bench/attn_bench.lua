@@ -8,6 +8,9 @@
 --   sparse fp8: h_q = 128, s_q = 2, topk 2048, b = 128         (target >= 40% of GEMM)
 --
 --   mlalab bench/attn_bench.lua [--out DIR] [--only memory|compute|sparse|jit] [--max-time S]
+--                               [--timer events|cupti|pm] [--counters 1]
+-- --counters 1 (with --timer pm) reads the DRAM bytes each call moved (decode and
+-- combine kernels), printed under the row beside the bytes the bench declares.
 local mla = require "mlalab"
 local json = require "mlalab.json"
 local AB = require "mlalab.attention_bench"
@@ -20,11 +23,15 @@ do
     if k == "--out" then args.out, i = a[i + 1], i + 1
     elseif k == "--only" then args.only, i = a[i + 1], i + 1
     elseif k == "--max-time" then args.max_time, i = tonumber(a[i + 1]), i + 1
+    elseif k == "--timer" then args.timer, i = a[i + 1], i + 1
+    elseif k == "--counters" then args.counters, i = a[i + 1] == "1", i + 1
     else error("attn_bench: unknown argument " .. tostring(k)) end
     i = i + 1
   end
 end
 if not mla.has_cuda() then error("attn_bench: needs a GPU") end
+if args.counters and args.timer ~= "pm" then error("attn_bench: --counters 1 needs --timer pm") end
+local DRAM = { "dram__bytes_read.sum", "dram__bytes_write.sum" }
 
 local groups = {
   memory = {
@@ -72,9 +79,15 @@ for _, g in ipairs(order) do
   if not args.only or args.only == g then
     for _, p in ipairs(groups[g]) do
       p.group = g
-      local ok, r = pcall(AB.run, p, { max_time = args.max_time })
+      local ok, r = pcall(AB.run, p, { max_time = args.max_time, timer = args.timer,
+        metrics = args.counters and DRAM or nil })
       if ok then
         print(AB.row(r))
+        if r.metrics then
+          local rd, wr = r.metrics[DRAM[1]], r.metrics[DRAM[2]]
+          print(string.format("  DRAM per call: read %.2f MiB + written %.2f MiB, declared %.2f MiB (%.1f%%)",
+            rd / 2 ^ 20, wr / 2 ^ 20, r.bytes / 2 ^ 20, 100 * (rd + wr) / r.bytes))
+        end
         jf:write(json.encode(AB.record(r)), "\n")
       else
         print(string.format("%-34s FAILED: %s", AB.name(p), tostring(r)))

@@ -6,6 +6,12 @@
 -- written per row) >= 2600 GB/s.
 --
 --   mlalab bench/kv_bench.lua [--mib 256,1024] [--out DIR] [--only PATTERN] [--max-time S] [--device cpu]
+--                             [--timer events|cupti|pm] [--counters 1]
+--
+-- --timer picks mla.bench's timer for the kernels (the cudaMemcpy baseline and
+-- compaction's exact mode, whose time is a host round trip, keep the event
+-- pair). --counters 1 (with --timer pm) also reads the DRAM bytes each call
+-- moved, printed beside the bytes the case declares.
 --
 -- --device cpu runs the CPU references with tiny sizes (a smoke test of the
 -- script, not a measurement). Results: DIR/kv_bench.jsonl, one line per case.
@@ -24,10 +30,15 @@ do
     elseif k == "--only" then args.only = v
     elseif k == "--max-time" then args.max_time = tonumber(v)
     elseif k == "--device" then args.device = v
+    elseif k == "--timer" then args.timer = v
+    elseif k == "--counters" then args.counters = v == "1"
     else error("kv_bench: unknown argument " .. tostring(k)) end
     i = i + 2
   end
 end
+
+if args.counters and args.timer ~= "pm" then error("kv_bench: --counters 1 needs --timer pm") end
+local DRAM = { "dram__bytes_read.sum", "dram__bytes_write.sum" }
 
 local MiB = 1 << 20
 local dev = args.device
@@ -88,7 +99,8 @@ case("memcpy D2D", function(bytes)
   local n = bytes // 2
   local src, dst = mla.empty({ n }, "u8", dev), mla.empty({ n }, "u8", dev)
   src:fill(0x5a)
-  return function() dst:copy(src) end, 2 * n, string.format("%d B copied (t:copy: cudaMemcpyAsync)", n)
+  return function() dst:copy(src) end, 2 * n, string.format("%d B copied (t:copy: cudaMemcpyAsync)", n),
+      { timer = "events" } -- a copy is no kernel for the pm timer
 end)
 
 for _, lname in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_v4", "indexer_fp8", "fp4_v41", "fp8_v41" } do
@@ -210,7 +222,7 @@ case("compact fp8_ds_mla", function(bytes)
   return function()
     local rows, remap, list = K.compact(v, idx)
     rows:close(); remap:close(); list:close()
-  end, npages * BS * REF_PER + T * W * 8, compact_note(T, W, npages, c), { sync = true }
+  end, npages * BS * REF_PER + T * W * 8, compact_note(T, W, npages, c), { sync = true, timer = "events" }
 end)
 
 -- The same compaction in its capacity mode: outputs preallocated for every
@@ -274,8 +286,10 @@ for _, cs in ipairs(cases) do
       if not (fixed and si > 1) then
         local fn, bytes, note, extra = cs.build(size)
         local name = cs.name .. (fixed and "" or string.format(" %d MiB", size // MiB))
-        local bopts = { name = name, bytes = bytes, device = dev, max_time = args.max_time }
+        local bopts = { name = name, bytes = bytes, device = dev, max_time = args.max_time, timer = args.timer }
+        if args.counters then bopts.metrics = DRAM end
         for k, x in pairs(extra or {}) do bopts[k] = x end
+        if bopts.timer ~= "pm" then bopts.metrics = nil end
         local r = mla.bench(fn, bopts)
         K.check(dev)
         results[#results + 1] = r
@@ -293,6 +307,13 @@ for _, cs in ipairs(cases) do
         jsonl:write(json.encode(rec), "\n")
         jsonl:flush()
         print(r:row())
+        if r.metrics then
+          local rd, wr = r.metrics[DRAM[1]], r.metrics[DRAM[2]]
+          local line = string.format("  DRAM per call: read %.2f MiB + written %.2f MiB = %.2f MiB, declared %.2f MiB (%.1f%%)",
+            rd / MiB, wr / MiB, (rd + wr) / MiB, bytes / MiB, 100 * (rd + wr) / bytes)
+          print(line)
+          verdicts[#verdicts] = verdicts[#verdicts] .. "\n   " .. line
+        end
         collectgarbage() -- the inputs of this case go back to the allocator
       end
     end
