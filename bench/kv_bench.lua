@@ -1,5 +1,7 @@
 --- Bandwidth of the baked KV-cache kernels beside cudaMemcpy device to device,
--- measured in the same run (bytes read + bytes written, 1e9 B/s), cold
+-- measured in the same run (bytes read + bytes written, 1e9 B/s; the bytes a
+-- kernel must move: rows and the slot ids or indices it reads, as the pm
+-- timer's DRAM counters confirm, --counters 1), cold
 -- (L2 flushed, queued behind the blocking kernel), median of mla.bench's
 -- samples. Target: every kernel >= 90% of the memcpy rate at >= 256 MiB, and
 -- the sparse gather of 262144 rows from fp8_ds_mla (656 B read + 1152 B
@@ -106,21 +108,23 @@ end)
 for _, lname in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_v4", "indexer_fp8", "fp4_v41", "fp8_v41" } do
   case("write " .. lname, function(bytes)
     local L = mla.layout.get(lname)
-    local per = 2 * L.dim + L.token_bytes
+    local per = 2 * L.dim + L.token_bytes + 8 -- the i64 slot id is read too (the DRAM counters see it)
     local n = bytes // per
     local c = pool(lname, n)
     local v = c:view(0)
     local slots = shuffled_slots(n)
     local rows = mla.randn({ n, L.dim }, { device = dev }):to("bf16")
     return function() K.write(v, slots, rows, { check = false }) end, n * per,
-        string.format("%d tokens, %d B read + %d B written", n, 2 * L.dim, L.token_bytes)
+        string.format("%d tokens, %d B + 8 B slot id read + %d B written", n, 2 * L.dim, L.token_bytes)
   end)
 end
 
 local function sparse_case(lname, rows_fixed, view)
   return function(bytes)
     local L = mla.layout.get(lname)
-    local per = L.token_bytes + 2 * L.dim
+    -- the i32 slot id read per row; the fixed-row case keeps the issue's count (656 B read + 1152 B written)
+    local idx = rows_fixed and 0 or 4
+    local per = L.token_bytes + 2 * L.dim + idx
     local n = rows_fixed or bytes // per
     local c
     if view then c = pool(lname, n, { num_layers = 61, order = "block_major" }) else c = pool(lname, n) end
@@ -128,7 +132,8 @@ local function sparse_case(lname, rows_fixed, view)
     local slots = rand_ints(n, c.num_blocks * BS)
     local out = mla.empty({ n, L.dim }, "bf16", dev)
     return function() K.gather_sparse(v, slots, { out = out, check = false }) end, n * per,
-        string.format("%d rows, %d B read + %d B written%s", n, L.token_bytes, 2 * L.dim, view and ", layer 30 of 61 block-major" or "")
+        string.format("%d rows, %d B%s read + %d B written%s", n, L.token_bytes, idx > 0 and " + 4 B slot id" or "",
+          2 * L.dim, view and ", layer 30 of 61 block-major" or "")
   end
 end
 
