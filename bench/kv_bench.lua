@@ -12,7 +12,9 @@
 --
 -- --timer picks mla.bench's timer for the kernels (the cudaMemcpy baseline and
 -- compaction's exact mode, whose time is a host round trip, keep the event
--- pair). --counters 1 (with --timer pm) also reads the DRAM bytes each call
+-- pair). The default event pair also brackets ~1-1.5 us of launch processing
+-- per call, which the back-to-back memcpy reference hides; --timer pm times
+-- each kernel as Nsight Compute's Duration (bench/RESULTS.md uses both). --counters 1 (with --timer pm) also reads the DRAM bytes each call
 -- moved, printed beside the bytes the case declares.
 --
 -- --device cpu runs the CPU references with tiny sizes (a smoke test of the
