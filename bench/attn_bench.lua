@@ -31,7 +31,7 @@ do
 end
 if not mla.has_cuda() then error("attn_bench: needs a GPU") end
 if args.counters and args.timer ~= "pm" then error("attn_bench: --counters 1 needs --timer pm") end
-local DRAM = { "dram__bytes_read.sum", "dram__bytes_write.sum" }
+
 
 local groups = {
   memory = {
@@ -80,14 +80,11 @@ for _, g in ipairs(order) do
     for _, p in ipairs(groups[g]) do
       p.group = g
       local ok, r = pcall(AB.run, p, { max_time = args.max_time, timer = args.timer,
-        metrics = args.counters and DRAM or nil })
+        metrics = args.counters and mla.bench_mod.DRAM_METRICS or nil })
       if ok then
         print(AB.row(r))
-        if r.metrics then
-          local rd, wr = r.metrics[DRAM[1]], r.metrics[DRAM[2]]
-          print(string.format("  DRAM per call: read %.2f MiB + written %.2f MiB, declared %.2f MiB (%.1f%%)",
-            rd / 2 ^ 20, wr / 2 ^ 20, r.bytes / 2 ^ 20, 100 * (rd + wr) / r.bytes))
-        end
+        local dram = r:dram_line()
+        if dram then print("  " .. dram) end
         jf:write(json.encode(AB.record(r)), "\n")
       else
         print(string.format("%-34s FAILED: %s", AB.name(p), tostring(r)))

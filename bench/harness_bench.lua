@@ -73,7 +73,7 @@ local VARIANTS = {
   { "cupti", "cupti, clean", { timer = "cupti" } },
   { "batch", "events, cold x auto", { cold_calls = "auto" } },
   { "cbatch", "cupti, cold x auto", { timer = "cupti", cold_calls = "auto" } },
-  { "pm", "pm, clean", { timer = "pm", metrics = { "dram__bytes_read.sum", "dram__bytes_write.sum" } } },
+  { "pm", "pm, clean", { timer = "pm", metrics = B.DRAM_METRICS } },
   { "pbatch", "pm, cold x auto", { timer = "pm", cold_calls = "auto" } },
 }
 if args.only then
@@ -191,10 +191,8 @@ print()
 -- what the DRAM counters saw per copy, beside the bytes the bench declares
 for _, rec in ipairs(res.records) do
   local r = rec._value.pm
-  if r and r.metrics then
-    print(string.format("%s: DRAM read %.2f MiB, written %.2f MiB per call (declared %.0f MiB each way)", r.name,
-      r.metrics["dram__bytes_read.sum"] / MiB, r.metrics["dram__bytes_write.sum"] / MiB, r.bytes / 2 / MiB))
-  end
+  local dram = r and r:dram_line()
+  if dram then print(r.name .. ": " .. dram) end
 end
 print()
 print("Time the same kernels with Nsight Compute (cold caches, clocks not locked, so it sees what the harness sees):")

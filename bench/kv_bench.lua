@@ -14,8 +14,9 @@
 -- compaction's exact mode, whose time is a host round trip, keep the event
 -- pair). The default event pair also brackets ~1-1.5 us of launch processing
 -- per call, which the back-to-back memcpy reference hides; --timer pm times
--- each kernel as Nsight Compute's Duration (bench/RESULTS.md uses both). --counters 1 (with --timer pm) also reads the DRAM bytes each call
--- moved, printed beside the bytes the case declares.
+-- each kernel as Nsight Compute's Duration (bench/RESULTS.md uses both).
+-- --counters 1 (with --timer pm) also reads the DRAM bytes each call moved,
+-- printed beside the bytes the case declares.
 --
 -- --device cpu runs the CPU references with tiny sizes (a smoke test of the
 -- script, not a measurement). Results: DIR/kv_bench.jsonl, one line per case.
@@ -42,7 +43,6 @@ do
 end
 
 if args.counters and args.timer ~= "pm" then error("kv_bench: --counters 1 needs --timer pm") end
-local DRAM = { "dram__bytes_read.sum", "dram__bytes_write.sum" }
 
 local MiB = 1 << 20
 local dev = args.device
@@ -294,7 +294,7 @@ for _, cs in ipairs(cases) do
         local fn, bytes, note, extra = cs.build(size)
         local name = cs.name .. (fixed and "" or string.format(" %d MiB", size // MiB))
         local bopts = { name = name, bytes = bytes, device = dev, max_time = args.max_time, timer = args.timer }
-        if args.counters then bopts.metrics = DRAM end
+        if args.counters then bopts.metrics = B.DRAM_METRICS end
         for k, x in pairs(extra or {}) do bopts[k] = x end
         if bopts.timer ~= "pm" then bopts.metrics = nil end
         local r = mla.bench(fn, bopts)
@@ -314,12 +314,10 @@ for _, cs in ipairs(cases) do
         jsonl:write(json.encode(rec), "\n")
         jsonl:flush()
         print(r:row())
-        if r.metrics then
-          local rd, wr = r.metrics[DRAM[1]], r.metrics[DRAM[2]]
-          local line = string.format("  DRAM per call: read %.2f MiB + written %.2f MiB = %.2f MiB, declared %.2f MiB (%.1f%%)",
-            rd / MiB, wr / MiB, (rd + wr) / MiB, bytes / MiB, 100 * (rd + wr) / bytes)
-          print(line)
-          verdicts[#verdicts] = verdicts[#verdicts] .. "\n   " .. line
+        local dram = r:dram_line()
+        if dram then
+          print("  " .. dram)
+          verdicts[#verdicts] = verdicts[#verdicts] .. "\n     " .. dram
         end
         collectgarbage() -- the inputs of this case go back to the allocator
       end

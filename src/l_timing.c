@@ -121,14 +121,19 @@ static int l_pm_close(lua_State *L) {
   return 0;
 }
 
-/* core.pm_available() -> true, or false and the reason */
-static int l_pm_available(lua_State *L) {
-  const char *why = NULL;
-  int ok = mla_pm_available(&why);
+/* true, or false and the reason */
+static int push_available(lua_State *L, int ok, const char *why) {
   lua_pushboolean(L, ok);
   if (ok) return 1;
   lua_pushstring(L, why);
   return 2;
+}
+
+/* core.pm_available() -> true, or false and the reason */
+static int l_pm_available(lua_State *L) {
+  const char *why = NULL;
+  int ok = mla_pm_available(&why);
+  return push_available(L, ok, why);
 }
 
 /* core.cupti_open(): start reading the GPU's activity timeline (errors say why it cannot). */
@@ -147,10 +152,7 @@ static int l_cupti_close(lua_State *L) {
 static int l_cupti_available(lua_State *L) {
   const char *why = NULL;
   int ok = mla_cupti_available(&why);
-  lua_pushboolean(L, ok);
-  if (ok) return 1;
-  lua_pushstring(L, why);
-  return 2;
+  return push_available(L, ok, why);
 }
 
 static int l_timing_abort(lua_State *L) {

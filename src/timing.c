@@ -13,12 +13,8 @@
 #include "kernels/timing_kernels.h"
 #include "mla_error.h"
 #include "timing_cupti.h"
-#include "timing_pm.h"
 
 #define MAX_DEV 16
-
-_Static_assert(sizeof(((mla_timing_sample *)0)->pm_metrics) == MLA_PM_MAX_METRICS * sizeof(double),
-               "pm_metrics holds the pm session's metrics");
 
 double mla_clock_now(void) {
   struct timespec ts;

@@ -19,6 +19,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "timing_pm.h" /* MLA_PM_MAX_METRICS */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -58,7 +60,7 @@ typedef struct mla_timing_sample {
   int64_t cupti_calls; /* cupti: runs of activity between the harness's kernels */
   double pm_s;      /* pm: sum of the work's kernel durations (gpu__time_duration) */
   int64_t pm_kernels, pm_calls; /* pm: kernels profiled; calls that launched at least one */
-  double pm_metrics[8]; /* pm: the session's extra metrics, summed (MLA_PM_MAX_METRICS) */
+  double pm_metrics[MLA_PM_MAX_METRICS]; /* pm: the session's extra metrics, summed */
 } mla_timing_sample;
 
 int mla_timing_begin(int dev, const mla_timing_opts *o);

@@ -42,6 +42,8 @@ M.defaults = {
 }
 local MAX_COLD_CALLS = 64 -- event pairs of the C timer (MLA_TIMING_MAX_CALLS)
 local MAX_METRICS = 8 -- counters besides the duration (MLA_PM_MAX_METRICS)
+--- The DRAM counters a bench passes as metrics to see the bytes a call moved.
+M.DRAM_METRICS = { "dram__bytes_read.sum", "dram__bytes_write.sum" }
 local FLUSH_DEFAULT = { cold = "clean", hot = false, graph = false }
 
 local function options(opts)
@@ -126,16 +128,23 @@ local function guarded(dev, f, ...)
   end
 end
 
+-- A timeline timer (cupti, pm) must see work in the sample (seen: nil when it
+-- saw no `kind`; `why` says what that means), and in every call of a cold
+-- batch (calls_seen, counting `what`).
+local function check_seen(timer, seen, calls_seen, segments, dev, kind, why, what)
+  if not seen then
+    error("bench: timer '" .. timer .. "' saw no " .. kind .. " on " .. dev .. " inside the sample: " .. why, 0)
+  end
+  if segments and segments > 1 and calls_seen ~= segments then
+    error(string.format("bench: timer '%s' saw %s in %d of the %d calls of a cold batch: every call must launch %s",
+      timer, what, calls_seen, segments, what), 0)
+  end
+end
+
 -- The pm timer's reading of one sample: seconds and metrics per call.
 local function pm_reading(s, dev, calls, segments, nmetrics)
-  if not s.pm_kernels then
-    error("bench: timer 'pm' saw no kernel on " .. dev .. " inside the sample: the function launched none (copies "
-      .. "and memsets are not profiled)", 0)
-  end
-  if segments and segments > 1 and s.pm_calls ~= segments then
-    error(string.format("bench: timer 'pm' saw kernels in %d of the %d calls of a cold batch: every call must "
-      .. "launch a kernel", s.pm_calls, segments), 0)
-  end
+  check_seen("pm", s.pm_kernels, s.pm_calls, segments, dev, "kernel",
+    "the function launched none (copies and memsets are not profiled)", "kernels")
   local per_call = {}
   for i = 1, nmetrics do per_call[i] = s.pm_metrics[i] / calls end
   return s.pm_s / calls, s.sm_mhz, per_call
@@ -159,14 +168,8 @@ local function gpu_sample(o, clock, launch, calls, block, segments)
       .. "that work out of the timed function", 0)
   end
   if cupti then
-    if not s.activities then
-      error("bench: timer 'cupti' saw no kernel, copy or memset on " .. dev .. " inside the sample: the function "
-        .. "launched nothing on the GPU", 0)
-    end
-    if segments and segments > 1 and s.cupti_calls ~= segments then
-      error(string.format("bench: timer 'cupti' saw GPU work in %d of the %d calls of a cold batch: every call must "
-        .. "launch work on the GPU", s.cupti_calls, segments), 0)
-    end
+    check_seen("cupti", s.activities, s.cupti_calls, segments, dev, "kernel, copy or memset",
+      "the function launched nothing on the GPU", "GPU work")
     return s.span_s / calls, s.sm_mhz
   end
   if pm then return pm_reading(s, dev, calls, segments, o.metrics and #o.metrics or 0) end
@@ -490,6 +493,21 @@ function Result:row()
   return table.concat(p, " ")
 end
 Result.__tostring = Result.row
+
+--- "DRAM per call: read R MiB + written W MiB = T MiB, declared D MiB (T/D)"
+-- for a result taken with metrics = M.DRAM_METRICS; nil otherwise.
+function Result:dram_line()
+  local m = self.metrics
+  local rd, wr = m and m[M.DRAM_METRICS[1]], m and m[M.DRAM_METRICS[2]]
+  if not (rd and wr) then return nil end
+  local MiB = 1 << 20
+  local line = string.format("DRAM per call: read %.2f MiB + written %.2f MiB = %.2f MiB", rd / MiB, wr / MiB,
+    (rd + wr) / MiB)
+  if self.bytes then
+    line = line .. string.format(", declared %.2f MiB (%.1f%%)", self.bytes / MiB, 100 * (rd + wr) / self.bytes)
+  end
+  return line
+end
 
 --- Everything but the samples and options: what goes into JSON lines.
 function Result:summary()
