@@ -83,12 +83,18 @@ struct spec_variant {
   const mla_layout_desc *desc;
   const void *slice_fn[2]; // 16-row kernel: 48-, 64-key tiles
   const void *wg_fn;       // wgmma kernel, staged tiles
+  const void *wg_regs_fn;  // wgmma kernel, register-fed tiles (16-byte aligned views); null if the layout does not allow them
 };
+template <class LS> const void *wg_regs_of() {
+  if constexpr (wg::rf_ok(LS::host, LS::host.k_dims)) return (const void *)wg::attn_decode_wg_kernel<LS::host.k_dims, wg::WG_REGS, LS>;
+  else return nullptr;
+}
 template <class LS> spec_variant variant_of() {
   return {LS::name, &LS::host,
           {(const void *)mla_attn_slice::attn_decode_slice_kernel<LS, 48>,
            (const void *)mla_attn_slice::attn_decode_slice_kernel<LS, 64>},
-          (const void *)wg::attn_decode_wg_kernel<LS::host.k_dims, wg::tile_keys(0), LS>};
+          (const void *)wg::attn_decode_wg_kernel<LS::host.k_dims, wg::WG_STAGED, LS>,
+          wg_regs_of<LS>()};
 }
 const spec_variant *find_layout_spec(const mla_layout_desc &d) {
   static const spec_variant all[] = {variant_of<mla_attn_spec::spec_fp8_pertensor>(),
@@ -114,19 +120,27 @@ int slice_stages_within(int pitch, int bk, int nregions, int64_t budget) {
 // The wgmma kernel (attn_decode_wg.cuh) serves 64-row tiles on compute
 // capability 9.0 when this binary carries sm_90a code (MLALAB_HAVE_SM90A,
 // set by CMake from the architecture list) and its shared memory fits.
-int wg_smem(int dqk, int identity, int pitch) {
-  return dqk == 576 ? wg::make_smem_plan<576>(identity, pitch).total : wg::make_smem_plan<512>(identity, pitch).total;
+int wg_smem(int dqk, int mode, int pitch) {
+  return dqk == 576 ? wg::make_smem_plan<576>(mode, pitch).total : wg::make_smem_plan<512>(mode, pitch).total;
 }
-// The wgmma kernel for a launch: plain bf16 tiles, a built-in fp8 layout's
-// compiled-in dequant, or chunk plans.
-const void *wg_kernel(const mla_layout_desc &d, int dqk, int identity) {
-  if (identity) return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, 64, void> : (const void *)wg::attn_decode_wg_kernel<512, 64, void>;
+// How the wgmma kernel fills its K tiles for a launch (wg::wg_mode): plain
+// bf16 rows; a built-in fp8 layout's register-fed tiles where the view allows
+// 16-byte loads; else staged (a built-in's compiled-in dequant, or chunk plans).
+int wg_mode_for(const mla_layout_desc &d, const params &p) {
+  if (p.identity) return wg::WG_BF16;
+  const spec_variant *v = find_variant(d, p);
+  return v && v->wg_regs_fn ? wg::WG_REGS : wg::WG_STAGED;
+}
+const void *wg_kernel(const mla_layout_desc &d, const params &p, int dqk, int mode) {
+  if (mode == wg::WG_BF16)
+    return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, wg::WG_BF16, void> : (const void *)wg::attn_decode_wg_kernel<512, wg::WG_BF16, void>;
+  if (mode == wg::WG_REGS) return find_variant(d, p)->wg_regs_fn;
   if (const spec_variant *v = find_layout_spec(d)) return v->wg_fn;
-  return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, 32, void> : (const void *)wg::attn_decode_wg_kernel<512, 32, void>;
+  return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, wg::WG_STAGED, void> : (const void *)wg::attn_decode_wg_kernel<512, wg::WG_STAGED, void>;
 }
 // K tiles in flight in the wgmma kernel (bf16 tiles, or the raw stage); 0 if it does not fit.
-int wg_stages(int dqk, int identity, int pitch, int budget) {
-  return wg_smem(dqk, identity, pitch) <= budget ? (identity ? 2 : 1) : 0;
+int wg_stages(int dqk, int mode, int pitch, int budget) {
+  return wg_smem(dqk, mode, pitch) <= budget ? (mode == wg::WG_STAGED ? 1 : 2) : 0;
 }
 bool wg_available(const mla_device_props &props) {
 #ifdef MLALAB_HAVE_SM90A
@@ -200,13 +214,14 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   int per_sm = 0;
   cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
   const spec_variant *sv = specialize && mr == 16 && !p.identity ? find_variant(*d, p) : nullptr;
-  const int wg_nst = specialize && mr == 64 && wg_available(props) ? wg_stages(dqk, p.identity, p.stage_pitch, props.max_smem_optin) : 0;
+  const int wg_mode = wg_mode_for(*d, p);
+  const int wg_nst = specialize && mr == 64 && wg_available(props) ? wg_stages(dqk, wg_mode, p.stage_pitch, props.max_smem_optin) : 0;
   const bool wgk = wg_nst > 0;
   int ctas_per_sm = mr <= 32 ? 2 : 1, nst = 0, smem = 0, tile = BN;
   const void *fn = nullptr;
   if (wgk) {
-    nst = wg_nst, smem = wg_smem(dqk, p.identity, p.stage_pitch), tile = wg::tile_keys(p.identity);
-    fn = wg_kernel(*d, dqk, p.identity);
+    nst = wg_nst, smem = wg_smem(dqk, wg_mode, p.stage_pitch), tile = wg::SPLIT_KEYS;
+    fn = wg_kernel(*d, p, dqk, wg_mode);
   } else if (sv) {
     // 64-key tiles where two CTAs per SM still fit (fewer barriers per key), else 48
     const int nr = sv->desc->nregions;

@@ -2,17 +2,24 @@
 // warpgroup MMA (wgmma) with operands in shared memory, so the tensor cores
 // read Q, K and P without register staging, and specialized warpgroups so
 // that they always have work queued. One CTA per (problem, 64-row chunk) x KV
-// split, K tiles of KB keys (two bf16 tiles in flight), three warpgroups:
+// split, K tiles of KB keys, three warpgroups:
 //   warpgroup 0: S = Q K^T (m64nKBk16 over all d_qk), the online softmax in
 //     base 2 (a quad holds whole rows), P and the rescale factors handed over
 //     through shared memory; then the next tile's S;
 //   warpgroups 1 and 2: fill the K tiles, and O = alpha O + P V for value dims
 //     0..255 and 256..511 (m64n256k16, V read MN-major from the same K tile)
-//     while warpgroup 0 is on the next tile's S. Plain bf16 rows (identity)
-//     are copied by cp.async straight into the swizzled tile (KB = 64); other
-//     layouts arrive as raw bytes in a ring of stages (KB = 32, 2 or 3 tiles
-//     ahead) and are dequantized into the tile through the layout's chunk
-//     plans (mla/dequant_chunk.cuh), also while warpgroup 0 runs S.
+//     while warpgroup 0 is on the next tile's S.
+// How the K tiles are filled (the mode):
+//   WG_BF16: plain bf16 rows, copied by cp.async straight into the swizzled
+//     tile (KB = 64, two tiles).
+//   WG_REGS: a built-in fp8 layout on a 16-byte aligned view: each thread
+//     loads its share of one key's token row into registers a tile ahead and,
+//     before waiting for P, converts it into the other K buffer, so the
+//     conversion of tile u + 1 overlaps S(u) and P V(u) overlaps S(u + 1)
+//     (KB = 64, two tiles, no raw stage).
+//   WG_STAGED: other layouts: raw bytes in a stage (KB = 32, three bf16
+//     tiles) dequantized through the layout's chunk plans (mla/dequant_chunk.cuh)
+//     or a built-in's compiled-in chunks.
 // setmaxnreg moves registers from warpgroup 0 to the accumulator holders.
 // Named barriers hand over the tiles and P. Work split, masks and epilogue
 // semantics are the generic kernel's (attn_decode_kernel.cuh). sm_90a only:
@@ -39,13 +46,18 @@ constexpr int REG_LAUNCH = 168, REG_S = 96, REG_PV = 200;
 static_assert(128 * (REG_LAUNCH - REG_S) >= 256 * (REG_PV - REG_LAUNCH), "setmaxnreg: more registers asked than released");
 constexpr int BLK_Q = MR * 128; // one 64-row x 64-dim swizzled block of bf16
 
-// Keys per tile: 64 for plain bf16 rows; 32 for staged layouts, whose raw
-// stage and third K buffer must fit too.
-__host__ __device__ constexpr int tile_keys(int identity) { return identity ? 64 : 32; }
-// bf16 K buffers and P buffers: plain bf16 rows 2 and 1; staged layouts 3 and 2,
-// so that dequantizing tile u + 1 never waits for the P V of tile u - 1.
-__host__ __device__ constexpr int k_buffers(int identity) { return identity ? 2 : 3; }
-__host__ __device__ constexpr int p_buffers(int identity) { return identity ? 1 : 2; }
+// Keys per unit of the KV split: a split's first tile may start mid-way
+// through a 64-key tile, so short problems split as finely as with 32-key tiles.
+constexpr int SPLIT_KEYS = 32;
+
+enum wg_mode : int { WG_BF16 = 0, WG_STAGED = 1, WG_REGS = 2 };
+// Keys per tile: 64, or 32 for staged layouts, whose raw stage and third K
+// buffer must fit too.
+__host__ __device__ constexpr int tile_keys(int mode) { return mode == WG_STAGED ? 32 : 64; }
+// bf16 K buffers and P buffers: 2 and 1; staged layouts 3 and 2, so that
+// dequantizing tile u + 1 never waits for the P V of tile u - 1.
+__host__ __device__ constexpr int k_buffers(int mode) { return mode == WG_STAGED ? 3 : 2; }
+__host__ __device__ constexpr int p_buffers(int mode) { return mode == WG_STAGED ? 2 : 1; }
 
 enum : int { BAR_FULL0 = 1, BAR_P_FULL0 = 4, BAR_P_EMPTY0 = 6, BAR_LOADER = 8 }; // 3 FULL, 2 P_FULL, 2 P_EMPTY
 
@@ -55,19 +67,20 @@ struct smem_plan {
 
 // Offsets from the 1024-aligned start of the dynamic window; total includes
 // the alignment slack. Staged layouts have one raw stage.
-template <int DQK> __host__ __device__ constexpr smem_plan make_smem_plan(int identity, int stage_pitch) {
-  const int kb = tile_keys(identity);
+template <int DQK> __host__ __device__ constexpr smem_plan make_smem_plan(int mode, int stage_pitch) {
+  const int kb = tile_keys(mode);
+  const bool staged = mode == WG_STAGED;
   smem_plan s{};
   int o = 0;
   s.q = o, o += DQK / 64 * BLK_Q;
-  s.k = o, o += k_buffers(identity) * (DQK / 64) * kb * 128;
-  s.p = o, o += p_buffers(identity) * BLK_Q; // 64 rows x 128 bytes; kb = 32 uses half of each row
-  s.raw = o, o += identity ? 0 : (kb * stage_pitch + 15) / 16 * 16;
-  s.raw_ok = o, o += identity ? 0 : kb * 4;
-  s.plan = o, o += identity ? 0 : DQK / 8 * 16;
-  s.alpha = o, o += p_buffers(identity) * MR * 4;
+  s.k = o, o += k_buffers(mode) * (DQK / 64) * kb * 128;
+  s.p = o, o += p_buffers(mode) * BLK_Q; // 64 rows x 128 bytes; kb = 32 uses half of each row
+  s.raw = o, o += staged ? (kb * stage_pitch + 15) / 16 * 16 : 0;
+  s.raw_ok = o, o += staged ? kb * 4 : 0;
+  s.plan = o, o += staged ? DQK / 8 * 16 : 0;
+  s.alpha = o, o += p_buffers(mode) * MR * 4;
   s.fin = o, o += MR * 4;
-  s.tok_ok = o, o += k_buffers(identity) * kb * 4;
+  s.tok_ok = o, o += k_buffers(mode) * kb * 4;
   s.total = o + 1024;
   return s;
 }
@@ -145,17 +158,149 @@ __device__ __forceinline__ void dequant_key_spec(const unsigned char *row, unsig
   });
 }
 
-// LS: a built-in layout's spec type whose dequant is compiled in, or void
-// (chunk plans made from the descriptor at run time).
-template <int DQK, int KB, class LS>
+// ---- register-fed tiles (WG_REGS) ----
+// Thread lt of warpgroups 1 and 2 owns key n = lt / 4 of a tile; its quarter
+// q = lt % 4 takes chunks 8i + 2q and 8i + 2q + 1 (i < DQK / 64), so a key's
+// four quarters load 64 consecutive bytes of e4m3 codes (or 128 of bf16) per
+// instruction: 16 e4m3 bytes in one 16-byte load, a bf16 chunk in one.
+struct rf_chunk {
+  int kind;      // mla_attn_spec::SK_*; SK_BAD: not register-fed
+  int region;    // region of the data
+  int src;       // first byte in the region's token row, quarter 0
+  int sregion;   // scale's region and byte in its row (SK_FP8_F32, SK_FP8_UE8M0)
+  int ssrc;
+};
+
+__host__ __device__ constexpr int rf_chunk_index(int i, int q, int h) { return 8 * i + 2 * q + h; }
+
+// Region holding stage byte b of a layout, -1 none.
+__host__ __device__ constexpr int region_at(const mla_layout_desc &d, int b) {
+  for (int r = 0; r < d.nregions && r < MLA_LAYOUT_MAX_REGIONS; r++) {
+    const int lo = mla_attn_spec::stage_off(d, r);
+    if (b >= lo && b < lo + d.region_row_bytes[r]) return r;
+  }
+  return -1;
+}
+
+// Chunk c of a layout, in region coordinates.
+__host__ __device__ constexpr rf_chunk rf_chunk_at(const mla_layout_desc &d, int c) {
+  using namespace mla_attn_spec;
+  const spec_chunk k = chunk_at(d, 8 * c);
+  if (k.kind == SK_ZERO) return {SK_ZERO, 0, 0, 0, 0};
+  if (k.kind == SK_BAD) return {SK_BAD, 0, 0, 0, 0};
+  const int bytes = k.kind == SK_COPY ? 16 : 8;
+  const int r = region_at(d, k.src);
+  if (r < 0 || region_at(d, k.src + bytes - 1) != r) return {SK_BAD, 0, 0, 0, 0};
+  const int sr = k.scale_src >= 0 ? region_at(d, k.scale_src) : 0;
+  if (sr < 0) return {SK_BAD, 0, 0, 0, 0};
+  return {k.kind, r, k.src - stage_off(d, r), sr, k.scale_src >= 0 ? k.scale_src - stage_off(d, sr) : 0};
+}
+
+// Whether a layout can be register-fed: every chunk known, the quarters of a
+// key on consecutive bytes of one region with one scale, data regions 16-byte
+// granular, and an e4m3 chunk pair (h = 0, 1) one 16-byte load.
+__host__ __device__ constexpr bool rf_ok(const mla_layout_desc &d, int dqk) {
+  using namespace mla_attn_spec;
+  if (dqk % 64) return false;
+  for (int i = 0; i < dqk / 64; i++) {
+    const rf_chunk a0 = rf_chunk_at(d, rf_chunk_index(i, 0, 0)), a1 = rf_chunk_at(d, rf_chunk_index(i, 0, 1));
+    if (a0.kind == SK_BAD || a1.kind == SK_BAD) return false;
+    if (is_fp8_kind(a0.kind) != is_fp8_kind(a1.kind) || (a0.kind == SK_ZERO) != (a1.kind == SK_ZERO)) return false;
+    if (is_fp8_kind(a0.kind) && (a1.kind != a0.kind || a1.region != a0.region || a1.src != a0.src + 8 || a0.src % 16 ||
+                                 a1.sregion != a0.sregion || a1.ssrc != a0.ssrc))
+      return false;
+    for (int h = 0; h < 2; h++) {
+      const rf_chunk a = h ? a1 : a0;
+      if (a.kind != SK_ZERO && region_gran(d, a.region) < 16) return false;
+      for (int q = 1; q < 4; q++) {
+        const rf_chunk b = rf_chunk_at(d, rf_chunk_index(i, q, h));
+        if (b.kind != a.kind) return false;
+        if (a.kind == SK_ZERO) continue;
+        if (b.region != a.region || b.src != a.src + q * (a.kind == SK_COPY ? 32 : 16) || b.sregion != a.sregion ||
+            b.ssrc != a.ssrc)
+          return false;
+      }
+    }
+  }
+  return true;
+}
+
+// One thread's share of a key: loaded into registers, then converted into a K tile.
+template <class LS, int DQK> struct rf_key {
+  static constexpr int NI = DQK / 64;
+  uint4 d[NI][2]; // e4m3 pair in d[i][0]; bf16 chunks in d[i][0], d[i][1]
+  uint32_t sc[NI]; // scale bits: f32, or the ue8m0 byte
+  bool ok;
+
+  static constexpr rf_chunk at(int i, int h) { return rf_chunk_at(LS::host, rf_chunk_index(i, 0, h)); }
+
+  // Starts the loads of key (page, off) for quarter q; a key without a page reads as zeros.
+  __device__ __forceinline__ void load(const params &p, int page, int off, int q) {
+    using namespace mla_attn_spec;
+    ok = page >= 0;
+    const unsigned char *pb = p.v.base + (ok ? (int64_t)page * p.v.page_stride : 0);
+    static_for<NI>([&](auto ic) {
+      constexpr int i = decltype(ic)::value;
+      constexpr rf_chunk a0 = at(i, 0), a1 = at(i, 1);
+      auto row = [&](int r) {
+        return pb + p.d.region_off[r] + (int64_t)off * (r == 0 ? p.v.token_stride : (int64_t)p.d.region_row_bytes[r]);
+      };
+      d[i][0] = d[i][1] = make_uint4(0, 0, 0, 0);
+      sc[i] = 0;
+      if (!ok) return;
+      if constexpr (is_fp8_kind(a0.kind)) {
+        d[i][0] = __ldg(reinterpret_cast<const uint4 *>(row(a0.region) + a0.src + 16 * q));
+        if constexpr (a0.kind == SK_FP8_F32) sc[i] = __ldg(reinterpret_cast<const unsigned int *>(row(a0.sregion) + a0.ssrc));
+        else if constexpr (a0.kind == SK_FP8_UE8M0) sc[i] = __ldg(row(a0.sregion) + a0.ssrc);
+      } else if constexpr (a0.kind == SK_COPY) {
+        d[i][0] = __ldg(reinterpret_cast<const uint4 *>(row(a0.region) + a0.src + 32 * q));
+        d[i][1] = __ldg(reinterpret_cast<const uint4 *>(row(a1.region) + a1.src + 32 * q));
+      }
+    });
+  }
+
+  // Converts into rows n of the swizzled K tile kt (KB rows).
+  template <int KB> __device__ __forceinline__ void store(unsigned char *kt, int n, int q, float tscale) const {
+    using namespace mla_attn_spec;
+    static_for<NI>([&](auto ic) {
+      constexpr int i = decltype(ic)::value;
+      constexpr rf_chunk a0 = at(i, 0);
+      uint4 v0 = d[i][0], v1 = d[i][1];
+      if constexpr (is_fp8_kind(a0.kind)) {
+        float s = 1.0f;
+        if constexpr (a0.kind == SK_FP8_TENSOR) s = tscale;
+        else if constexpr (a0.kind == SK_FP8_F32) s = __uint_as_float(sc[i]);
+        else if constexpr (a0.kind == SK_FP8_UE8M0) s = mla_decode_scale(MLA_UE8M0, sc[i]);
+        v0 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].x, d[i][0].y), s);
+        v1 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].z, d[i][0].w), s);
+      }
+      *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, rf_chunk_index(i, q, 0))) = v0;
+      *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, rf_chunk_index(i, q, 1))) = v1;
+    });
+  }
+};
+
+template <class LS, int DQK> constexpr bool rf_allowed() {
+  if constexpr (std::is_void<LS>::value) return false;
+  else return rf_ok(LS::host, DQK);
+}
+template <class LS, int DQK, bool ON> struct rf_holder { using type = rf_key<LS, DQK>; };
+template <class LS, int DQK> struct rf_holder<LS, DQK, false> { struct type {}; };
+
+// MODE: wg_mode. LS: a built-in layout's spec type (WG_REGS; WG_STAGED with
+// its dequant compiled in), or void (chunk plans made from the descriptor at
+// run time).
+template <int DQK, int MODE, class LS>
 __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_constant__ params p) {
 #if MLA_HAVE_WGMMA
-  constexpr bool STAGED = KB == 32;
+  constexpr bool STAGED = MODE == WG_STAGED, REGS = MODE == WG_REGS;
+  static_assert(!REGS || rf_allowed<LS, DQK>(), "register-fed tiles need a built-in layout that allows them");
+  constexpr int KB = tile_keys(MODE);
   constexpr int NCH = DQK / 8, BLK_K = KB * 128, TILE = (DQK / 64) * BLK_K, NPASS = KB / 32; // keys per loader pass: 32
-  constexpr int NKB = k_buffers(!STAGED), NPB = p_buffers(!STAGED);
+  constexpr int NKB = k_buffers(MODE), NPB = p_buffers(MODE);
   extern __shared__ __align__(16) unsigned char smem_window[];
   unsigned char *smem = smem_window + ((1024 - (mla::smem_addr(smem_window) & 1023)) & 1023);
-  const smem_plan L = make_smem_plan<DQK>(!STAGED, p.stage_pitch);
+  const smem_plan L = make_smem_plan<DQK>(MODE, p.stage_pitch);
   unsigned char *Qs = smem + L.q, *Kbase = smem + L.k, *Pbase = smem + L.p, *raw = smem + L.raw;
   int *raw_ok = reinterpret_cast<int *>(smem + L.raw_ok);
   mla::chunk_plan *plan = reinterpret_cast<mla::chunk_plan *>(smem + L.plan);
@@ -164,12 +309,16 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   int *tok_ok = reinterpret_cast<int *>(smem + L.tok_ok);
 
   const int tid = threadIdx.x, wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const cta_work w = cta_work_of<MR, KB>(p);
+  const cta_work w = cta_work_of<MR, SPLIT_KEYS>(p);
   if (w.t_begin >= w.t_end) return write_empty_split<NT>(p, w, tid);
-  const int r = w.r, qi = w.qi, nkeys = w.nkeys, niter = w.t_end - w.t_begin;
+  // this split's keys [k0, k1), in tiles of KB from k0
+  const int r = w.r, qi = w.qi, k0 = w.t_begin * SPLIT_KEYS, k1 = min(w.t_end * SPLIT_KEYS, w.nkeys);
+  const int niter = (k1 - k0 + KB - 1) / KB;
+  // slot of key n of tile u (page -1: none)
+  auto key_slot = [&](int u, int n, int &page, int &off) { token_of<1>(p, r, qi, k1, k0 + u * KB, n, page, off); };
 
   // Prologue (all): plans, Q rows (zero past nrows).
-  const float tscale = STAGED ? setup_plans<NCH>(p, plan, tid, NT) : 1.0f;
+  const float tscale = STAGED ? setup_plans<NCH>(p, plan, tid, NT) : REGS && p.v.tensor_scale ? __ldg(p.v.tensor_scale) : 1.0f;
   load_q_rows<MR, NCH>(p, w, tid, NT,
                        [&](int row, int c, uint4 val) { *reinterpret_cast<uint4 *>(Qs + mla::sw128_off(MR, row, c)) = val; });
 
@@ -185,10 +334,11 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       lim[0] = w.s_k - p.s_q + (w.row0 + rA) / p.h_q;
       lim[1] = w.s_k - p.s_q + (w.row0 + rB) / p.h_q;
     }
-    float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, l_run[2] = {0.f, 0.f};
+    // running max; row sums of P (for the LSE) and of P as rounded for P V (the normalization)
+    float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, l_run[2] = {0.f, 0.f}, lr_run[2] = {0.f, 0.f};
     const uint32_t q_addr = mla::smem_addr(Qs);
     for (int u = 0; u < niter; u++) {
-      const int t = w.t_begin + u, kb = u % NKB, pb = u % NPB;
+      const int kb = u % NKB, pb = u % NPB;
       if (u > 0) mla::bar_sync(BAR_FULL0 + kb, NT);
       const uint32_t k_addr = mla::smem_addr(Kbase + kb * TILE);
       float s[KB / 2];
@@ -210,7 +360,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
 #pragma unroll
       for (int e = 0; e < KB / 2; e++) {
         const int col = (e >> 2) * 8 + 2 * t4 + (e & 1), hh = (e >> 1) & 1;
-        const bool ok = ok_t[col] && t * KB + col <= lim[hh];
+        const bool ok = ok_t[col] && k0 + u * KB + col <= lim[hh];
         s[e] = ok ? s[e] * p.scale_log2 : -CUDART_INF_F;
         mx[hh] = fmaxf(mx[hh], s[e]);
       }
@@ -223,16 +373,21 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
         m_run[hh] = m;
       }
       uint32_t pf[KB / 4]; // P as bf16 pairs: pf[2j + hh] = row hh, keys 8j + 2t4..
-      float ps[2] = {0.f, 0.f};
+      float ps[2] = {0.f, 0.f}, pr[2] = {0.f, 0.f};
 #pragma unroll
       for (int j = 0; j < KB / 8; j++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
           const float p0 = exp2f(s[4 * j + 2 * hh] - base[hh]), p1 = exp2f(s[4 * j + 2 * hh + 1] - base[hh]);
+          // the output divides by the sum of the weights P V uses (bf16), so it
+          // is their exact average; the LSE keeps the unrounded sum
+          const uint32_t pk = mla::pack_bf16x2(p0, p1);
           ps[hh] += p0 + p1;
-          pf[2 * j + hh] = mla::pack_bf16x2(p0, p1);
+          pr[hh] += __uint_as_float(pk << 16) + __uint_as_float(pk & 0xFFFF0000u);
+          pf[2 * j + hh] = pk;
         }
-      l_run[0] = l_run[0] * alpha[0] + ps[0], l_run[1] = l_run[1] * alpha[1] + ps[1];
+#pragma unroll
+      for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + ps[hh], lr_run[hh] = lr_run[hh] * alpha[hh] + pr[hh];
 
       // hand P and alpha over once the P V warpgroups are done with this buffer's previous P
       if (u >= NPB) mla::bar_sync(BAR_P_EMPTY0 + pb, NT);
@@ -250,9 +405,9 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
       const int row = hh ? rB : rA;
-      const float l = quad_sum(l_run[hh]);
+      const float l = quad_sum(l_run[hh]), lr = quad_sum(lr_run[hh]);
       const float lse2 = l > 0.f ? m_run[hh] + log2f(l) : -CUDART_INF_F;
-      float f = l > 0.f ? 1.0f / l : 0.f;
+      float f = l > 0.f && lr > 0.f ? 1.0f / lr : 0.f;
       int i = 0, h = 0;
       if (row < w.nrows) row_coords(p, qi, w.row0 + row, i, h);
       if (p.nsplits == 1 && p.sink && l > 0.f && row < w.nrows)
@@ -274,7 +429,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   int next = 0, nx_page[NPASS], nx_off[NPASS];     // the next tile to issue, its keys' slots
   auto lookup = [&]() {
 #pragma unroll
-    for (int i = 0; i < NPASS; i++) token_of<KB>(p, r, qi, nkeys, w.t_begin + next, ln + 32 * i, nx_page[i], nx_off[i]);
+    for (int i = 0; i < NPASS; i++) key_slot(next, ln + 32 * i, nx_page[i], nx_off[i]);
   };
   // Starts the next tile's copies: into its K buffer, or into the raw stage.
   auto issue_next = [&]() {
@@ -312,14 +467,38 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
     }
   };
 
-  lookup();
-  issue_next(); // tile 0
-  mla::cp_async_wait<0>();
-  __syncthreads(); // plans, tile 0's rows
-  if (STAGED) {
-    dequant_tile(0);
-    mla::bar_sync(BAR_LOADER, 256); // the raw stage is free
-    issue_next();                   // tile 1's raw rows
+  // Register-fed tiles: this thread's quarter q4 of key n4, the next tile's in flight.
+  typename rf_holder<LS, DQK, REGS>::type rf;
+  const int n4 = lt >> 2, q4 = lt & 3;
+  auto rf_load = [&](int u) {
+    if constexpr (REGS) {
+      int page, off;
+      key_slot(u, n4, page, off);
+      rf.load(p, page, off, q4);
+    }
+  };
+  auto rf_store = [&](int u) {
+    if constexpr (REGS) {
+      rf.template store<KB>(Kbase + (u % NKB) * TILE, n4, q4, tscale);
+      if (q4 == 0) tok_ok[(u % NKB) * KB + n4] = rf.ok;
+    }
+  };
+
+  if constexpr (REGS) {
+    rf_load(0);
+    __syncthreads(); // Q
+    rf_store(0);
+    if (niter > 1) rf_load(1);
+  } else {
+    lookup();
+    issue_next(); // tile 0
+    mla::cp_async_wait<0>();
+    __syncthreads(); // plans, tile 0's rows
+    if (STAGED) {
+      dequant_tile(0);
+      mla::bar_sync(BAR_LOADER, 256); // the raw stage is free
+      issue_next();                   // tile 1's raw rows
+    }
   }
   mla::fence_proxy_async();
   __syncthreads(); // tile 0 ready
@@ -328,20 +507,31 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
 #pragma unroll
   for (int e = 0; e < 128; e++) o[e] = 0.f;
   for (int u = 0; u < niter; u++) {
-    const int t = w.t_begin + u, kb = u % NKB, pb = u % NPB, nkb = (u + 1) % NKB;
-    if (STAGED) {
+    const int kb = u % NKB, pb = u % NPB, nkb = (u + 1) % NKB;
+    if (REGS) {
+      // Tile u + 1, in registers since last iteration, into the buffer of tile
+      // u - 1, whose S (P_FULL(u - 1) seen) and P V (waited for by both
+      // warpgroups) are done; then tile u + 2's loads, while S(u) runs.
+      if (u + 1 < niter) {
+        if (u > 0) mla::bar_sync(BAR_LOADER, 256);
+        rf_store(u + 1);
+        mla::fence_proxy_async();
+        mla::bar_arrive(BAR_FULL0 + nkb, NT);
+        if (u + 2 < niter) rf_load(u + 2);
+      }
+    } else if (STAGED) {
       // Tile u + 1: its raw rows landed; its K buffer held tile u - 2, whose S and
       // P V are done (P_FULL(u - 2) seen, P V(u - 2) waited for last iteration).
       mla::cp_async_wait<0>();
       mla::bar_sync(BAR_LOADER, 256);
-      if (t + 1 < w.t_end) {
+      if (u + 1 < niter) {
         dequant_tile(u + 1);
         mla::fence_proxy_async();
         mla::bar_arrive(BAR_FULL0 + nkb, NT);
       }
       mla::bar_sync(BAR_LOADER, 256); // the raw stage is free
       issue_next();                   // tile u + 2's raw rows
-    } else if (t + 1 < w.t_end) {
+    } else if (u + 1 < niter) {
       // Tile u + 1 into the buffer of tile u - 1, whose S and P V are done.
       if (u > 0) mla::bar_sync(BAR_LOADER, 256);
       issue_next();
@@ -367,7 +557,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
                                     mla::wgmma_desc(v_addr + kk * 16 * 128, BLK_K, 1024), 1);
     mla::wgmma_commit();
     if (!STAGED) {
-      if (t + 1 < w.t_end) {
+      if (!REGS && u + 1 < niter) {
         mla::cp_async_wait<0>();
         mla::fence_proxy_async();
         mla::bar_arrive(BAR_FULL0 + nkb, NT);
