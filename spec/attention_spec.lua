@@ -687,6 +687,17 @@ describe("attention baked wgmma kernel (64-row tiles)", function()
     end
   end)
 
+  it("tile sizes: 64-key tiles for bf16 rows and the fp8 built-ins (register-fed), 32-key staged tiles otherwise #gpu", function()
+    for k, name in ipairs(MLA_LAYOUTS) do
+      mla.manual_seed(990 + k)
+      local case = C.dense { layout = name, b = 2, s_q = 1, h_q = 128, lens = { 700, 130 }, tensor_scale = 0.5 }
+      local seen = both(case, {}, DENSE_OUT)
+      local fed = ({ bf16 = true, fp8_pertensor = true, fp8_ds_mla = true, fp8_ds_mla_amax = true, fp8_v4 = true,
+        fp8_v4_vllm = true })[name]
+      if wgmma_expected() == "wgmma" then assert.equal(fed and 64 or 32, seen[1].plan.tile_keys) end
+    end
+  end)
+
   it("a peaked softmax (q std 10) on bf16 and fp8_ds_mla, dense and sparse #gpu", function()
     for k, name in ipairs { "bf16", "fp8_ds_mla" } do
       mla.manual_seed(980 + k)

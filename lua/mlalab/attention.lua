@@ -24,9 +24,11 @@
 -- (baked: a cache whose descriptor equals a built-in fp8 layout's, read with
 -- 16-row tiles, runs that layout's compile-time-specialized kernel; false
 -- forces the generic, descriptor-driven kernel). The third result of the
--- baked path is its plan (splits, rows per CTA, stages, variant = "generic"
--- or the built-in layout's name, ...); M.last_variant() names what the last
--- baked launch ran.
+-- baked path is its plan (splits, rows per CTA, stages, tile_keys, variant =
+-- "generic", "wgmma" or the built-in layout's name, ...); M.last_variant()
+-- names what the last baked launch ran. On Hopper, 64-row tiles of a built-in
+-- fp8 layout read with 16-byte loads run 64-key tiles fed from registers;
+-- views that allow only narrower loads run 32-key staged tiles (tile_keys).
 local mla = require "mlalab"
 local core = mla.core
 local layout = require "mlalab.layout"

@@ -77,12 +77,11 @@ int stages_within(int mr, int dqk, int identity, int pitch, int64_t budget) {
 
 // The built-in layouts with compile-time-specialized kernels, matched by
 // descriptor equality (for reading): the 16-row kernel (attn_slice_spec.cuh,
-// 48- and 64-key tiles) and the wgmma kernel's compiled-in dequant.
+// 48- and 64-key tiles) and the wgmma kernel's register-fed tiles.
 struct spec_variant {
   const char *name;
   const mla_layout_desc *desc;
   const void *slice_fn[2]; // 16-row kernel: 48-, 64-key tiles
-  const void *wg_fn;       // wgmma kernel, staged tiles
   const void *wg_regs_fn;  // wgmma kernel, register-fed tiles (16-byte aligned views); null if the layout does not allow them
 };
 template <class LS> const void *wg_regs_of() {
@@ -93,7 +92,6 @@ template <class LS> spec_variant variant_of() {
   return {LS::name, &LS::host,
           {(const void *)mla_attn_slice::attn_decode_slice_kernel<LS, 48>,
            (const void *)mla_attn_slice::attn_decode_slice_kernel<LS, 64>},
-          (const void *)wg::attn_decode_wg_kernel<LS::host.k_dims, wg::WG_STAGED, LS>,
           wg_regs_of<LS>()};
 }
 const spec_variant *find_layout_spec(const mla_layout_desc &d) {
@@ -103,7 +101,7 @@ const spec_variant *find_layout_spec(const mla_layout_desc &d) {
     if (mla_layout_desc_same(&d, v.desc, 1)) return &v;
   return nullptr;
 }
-// The 16-row variant, if the view also allows its copies (alignment of base and strides).
+// The built-in's variants, if the view also allows their loads (alignment of base and strides).
 const spec_variant *find_variant(const mla_layout_desc &d, const params &p) {
   const spec_variant *v = find_layout_spec(d);
   if (!v) return nullptr;
@@ -125,7 +123,7 @@ int wg_smem(int dqk, int mode, int pitch) {
 }
 // How the wgmma kernel fills its K tiles for a launch (wg::wg_mode): plain
 // bf16 rows; a built-in fp8 layout's register-fed tiles where the view allows
-// 16-byte loads; else staged (a built-in's compiled-in dequant, or chunk plans).
+// 16-byte loads; else staged tiles dequantized through chunk plans.
 int wg_mode_for(const mla_layout_desc &d, const params &p) {
   if (p.identity) return wg::WG_BF16;
   const spec_variant *v = find_variant(d, p);
@@ -135,7 +133,6 @@ const void *wg_kernel(const mla_layout_desc &d, const params &p, int dqk, int mo
   if (mode == wg::WG_BF16)
     return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, wg::WG_BF16, void> : (const void *)wg::attn_decode_wg_kernel<512, wg::WG_BF16, void>;
   if (mode == wg::WG_REGS) return find_variant(d, p)->wg_regs_fn;
-  if (const spec_variant *v = find_layout_spec(d)) return v->wg_fn;
   return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, wg::WG_STAGED, void> : (const void *)wg::attn_decode_wg_kernel<512, wg::WG_STAGED, void>;
 }
 // K tiles in flight in the wgmma kernel (bf16 tiles, or the raw stage); 0 if it does not fit.
@@ -217,10 +214,10 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   const int wg_mode = wg_mode_for(*d, p);
   const int wg_nst = specialize && mr == 64 && wg_available(props) ? wg_stages(dqk, wg_mode, p.stage_pitch, props.max_smem_optin) : 0;
   const bool wgk = wg_nst > 0;
-  int ctas_per_sm = mr <= 32 ? 2 : 1, nst = 0, smem = 0, tile = BN;
+  int ctas_per_sm = mr <= 32 ? 2 : 1, nst = 0, smem = 0, tile = BN, tile_keys = BN; // tile: unit of the KV split
   const void *fn = nullptr;
   if (wgk) {
-    nst = wg_nst, smem = wg_smem(dqk, wg_mode, p.stage_pitch), tile = wg::SPLIT_KEYS;
+    nst = wg_nst, smem = wg_smem(dqk, wg_mode, p.stage_pitch), tile = wg::SPLIT_KEYS, tile_keys = wg::tile_keys(wg_mode);
     fn = wg_kernel(*d, p, dqk, wg_mode);
   } else if (sv) {
     // 64-key tiles where two CTAs per SM still fit (fewer barriers per key), else 48
@@ -230,7 +227,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
     nst = slice_stages_within(p.stage_pitch, bk, nr, per_sm / 2 - 1024);
     if (!nst) bk = 48, nst = slice_stages_within(p.stage_pitch, bk, nr, per_sm / 2 - 1024);
     if (!nst) ctas_per_sm = 1, nst = slice_stages_within(p.stage_pitch, bk, nr, props.max_smem_optin);
-    if (nst) smem = mla_attn_slice::make_slice_smem(p.stage_pitch, nst, bk, nr).total, fn = sv->slice_fn[bk == 64], tile = bk;
+    if (nst) smem = mla_attn_slice::make_slice_smem(p.stage_pitch, nst, bk, nr).total, fn = sv->slice_fn[bk == 64], tile = tile_keys = bk;
     else sv = nullptr, ctas_per_sm = 2; // cannot happen on sm_80+; the generic path decides
   }
   if (!sv && !wgk) {
@@ -282,7 +279,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   if (ws) mla_device_free(dev, ws, ws_bytes); // stream-ordered: the next user queues behind these kernels
   if (plan) {
     plan->splits = ns, plan->rows_per_cta = mr, plan->ctas = (int)(ctas * ns), plan->stages = nst;
-    plan->ctas_per_sm = ctas_per_sm, plan->identity = p.identity, plan->smem = smem;
+    plan->ctas_per_sm = ctas_per_sm, plan->identity = p.identity, plan->smem = smem, plan->tile_keys = tile_keys;
     plan->variant = variant;
   }
   return rc;

@@ -19,6 +19,7 @@ typedef struct mla_attn_plan {
   int rows_per_cta;  /* 16, 32 or 64 query rows share each K tile */
   int ctas;          /* CTAs of the main kernel */
   int stages;        /* K tiles in flight */
+  int tile_keys;     /* keys per K tile */
   int ctas_per_sm;
   int identity;      /* K rows copied as bf16 without a dequant pass */
   int64_t smem;      /* dynamic shared memory per CTA */

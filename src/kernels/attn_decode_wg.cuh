@@ -18,8 +18,7 @@
 //     conversion of tile u + 1 overlaps S(u) and P V(u) overlaps S(u + 1)
 //     (KB = 64, two tiles, no raw stage).
 //   WG_STAGED: other layouts: raw bytes in a stage (KB = 32, three bf16
-//     tiles) dequantized through the layout's chunk plans (mla/dequant_chunk.cuh)
-//     or a built-in's compiled-in chunks.
+//     tiles) dequantized through the layout's chunk plans (mla/dequant_chunk.cuh).
 // setmaxnreg moves registers from warpgroup 0 to the accumulator holders.
 // Named barriers hand over the tiles and P. Work split, masks and epilogue
 // semantics are the generic kernel's (attn_decode_kernel.cuh). sm_90a only:
@@ -124,38 +123,6 @@ __device__ __forceinline__ void issue_key(const params &p, unsigned char *kt, un
 template <int KB> __device__ __forceinline__ void wgmma_s(float (&s)[KB / 2], uint64_t da, uint64_t db) {
   if constexpr (KB == 64) mla::wgmma_m64n64k16_bf16(s, da, db, 1);
   else mla::wgmma_m64n32k16_bf16(s, da, db, 1);
-}
-
-// Whether chunk wq + 8i of a layout is chunk 8i shifted by wq chunks (same kind
-// and scale, data wq x 8 elements further) for every warp wq of eight: then one
-// code path with compile-time offsets serves all eight dequant warps.
-__host__ __device__ constexpr bool warp_affine(const mla_layout_desc &d, int dqk) {
-  using namespace mla_attn_spec;
-  for (int i = 0; i < dqk / 64; i++) {
-    const spec_chunk a = chunk_at(d, 64 * i);
-    for (int wq = 1; wq < 8; wq++) {
-      const spec_chunk b = chunk_at(d, (wq + 8 * i) * 8);
-      if (b.kind != a.kind || b.scale_src != a.scale_src || (a.kind != SK_ZERO && b.src != a.src + wq * 8 * a.esize)) return false;
-    }
-  }
-  return true;
-}
-
-// Chunks wq, wq + 8, ... of one key (a raw stage row) into the swizzled K tile,
-// for a built-in layout known at compile time (attn_spec_layouts.cuh): kinds,
-// scale offsets and data offsets (plus wq x 8 elements) are immediates.
-template <class LS, int DQK, int KB>
-__device__ __forceinline__ void dequant_key_spec(const unsigned char *row, unsigned char *kt, int n, int wq, float tscale) {
-  using namespace mla_attn_spec;
-  static_assert(warp_affine(LS::host, DQK), "the layout's chunks are not uniform across the dequant warps");
-  static_for<DQK / 64>([&](auto ic) {
-    constexpr int i = decltype(ic)::value;
-    constexpr spec_chunk k = chunk_at(LS::host, 64 * i);
-    static_assert(k.kind != SK_BAD, "spec_ok layouts only");
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if constexpr (k.kind != SK_ZERO) v = convert<k.kind>(row, spec_chunk{k.kind, k.src + wq * 8 * k.esize, k.scale_src, k.esize}, tscale);
-    *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, wq + 8 * i)) = v;
-  });
 }
 
 // ---- register-fed tiles (WG_REGS) ----
@@ -287,14 +254,12 @@ template <class LS, int DQK> constexpr bool rf_allowed() {
 template <class LS, int DQK, bool ON> struct rf_holder { using type = rf_key<LS, DQK>; };
 template <class LS, int DQK> struct rf_holder<LS, DQK, false> { struct type {}; };
 
-// MODE: wg_mode. LS: a built-in layout's spec type (WG_REGS; WG_STAGED with
-// its dequant compiled in), or void (chunk plans made from the descriptor at
-// run time).
+// MODE: wg_mode. LS: the built-in layout's spec type (WG_REGS), else void.
 template <int DQK, int MODE, class LS>
 __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_constant__ params p) {
 #if MLA_HAVE_WGMMA
   constexpr bool STAGED = MODE == WG_STAGED, REGS = MODE == WG_REGS;
-  static_assert(!REGS || rf_allowed<LS, DQK>(), "register-fed tiles need a built-in layout that allows them");
+  static_assert(REGS ? rf_allowed<LS, DQK>() : std::is_void<LS>::value, "register-fed tiles need a built-in layout that allows them");
   constexpr int KB = tile_keys(MODE);
   constexpr int NCH = DQK / 8, BLK_K = KB * 128, TILE = (DQK / 64) * BLK_K, NPASS = KB / 32; // keys per loader pass: 32
   constexpr int NKB = k_buffers(MODE), NPB = p_buffers(MODE);
@@ -454,14 +419,10 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       const int n = lt & 31, wq = lt >> 5;
       const unsigned char *row = raw + n * p.stage_pitch;
       unsigned char *kt = Kbase + (u % NKB) * TILE;
-      if constexpr (!std::is_void<LS>::value) {
-        dequant_key_spec<LS, DQK, KB>(row, kt, n, wq, tscale);
-      } else {
 #pragma unroll
-        for (int i = 0; i < NCH / 8; i++) {
-          const int c = wq + 8 * i;
-          *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, c)) = mla::dequant_chunk_bf16(plan[c], row, tscale);
-        }
+      for (int i = 0; i < NCH / 8; i++) {
+        const int c = wq + 8 * i;
+        *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, c)) = mla::dequant_chunk_bf16(plan[c], row, tscale);
       }
       if (lt < KB) tok_ok[(u % NKB) * KB + lt] = raw_ok[lt];
     }
