@@ -35,26 +35,41 @@ template <int MR> struct shape {
   static_assert(SW <= NW && SCG <= 4, "one 16-row S tile per S warp, at most 4 column groups");
 };
 
-// Page and in-page offset of key n of tile `tile`; page -1 when there is no key
-// (past the end, -1 index, page or slot outside the cache). Keys of one
-// problem count in int32 (lengths, top-k and block tables are int32). TB: keys per tile.
+// A key's slot in two steps, so that a caller can have the block-table or
+// index entry's load in flight before it needs the slot: slot_fetch loads the
+// entry of key n of tile `tile` (k = -1: past the keys), slot_resolve turns it
+// into the page and in-page offset (page -1: no key, a -1 index, a page or
+// slot outside the cache). Keys of one problem count in int32 (lengths,
+// top-k and block tables are int32). TB: keys per tile.
+struct slot_entry {
+  int k, raw;
+};
 template <int TB = BN>
-__device__ __forceinline__ void token_of(const params &p, int r, int qi, int nkeys, int tile, int n, int &page, int &off) {
+__device__ __forceinline__ slot_entry slot_fetch(const params &p, int r, int qi, int nkeys, int tile, int n) {
   const int k = tile * TB + n;
+  if (k >= nkeys) return {-1, -1};
+  if (!p.sparse) {
+    const int blk = k / p.d.block_size;
+    return {k, blk < p.max_blocks ? __ldg(p.block_table + (int64_t)r * p.max_blocks + blk) : -1};
+  }
+  return {k, __ldg(p.indices + ((int64_t)r * p.s_q + qi) * p.topk + k)};
+}
+__device__ __forceinline__ void slot_resolve(const params &p, slot_entry e, int &page, int &off) {
   const int bs = p.d.block_size;
   page = -1, off = 0;
-  if (k >= nkeys) return;
+  if (e.k < 0 || e.raw < 0) return;
   if (!p.sparse) {
-    const int blk = k / bs;
-    if (blk >= p.max_blocks) return;
-    const int pg = __ldg(p.block_table + (int64_t)r * p.max_blocks + blk);
-    if (pg < 0 || pg >= p.v.num_pages) return;
-    page = pg, off = k - blk * bs;
+    if (e.raw >= p.v.num_pages) return;
+    page = e.raw, off = e.k - (e.k / bs) * bs;
   } else {
-    const int idx = __ldg(p.indices + ((int64_t)r * p.s_q + qi) * p.topk + k);
-    if (idx < 0 || (int64_t)idx >= p.v.num_pages * bs) return;
-    page = idx / bs, off = idx - page * bs;
+    if ((int64_t)e.raw >= p.v.num_pages * bs) return;
+    page = e.raw / bs, off = e.raw - page * bs;
   }
+}
+// Both steps at once.
+template <int TB = BN>
+__device__ __forceinline__ void token_of(const params &p, int r, int qi, int nkeys, int tile, int n, int &page, int &off) {
+  slot_resolve(p, slot_fetch<TB>(p, r, qi, nkeys, tile, n), page, off);
 }
 
 // One token row of `nch` chunks of G bytes, chunks j, j + 8, ... of it.

@@ -192,11 +192,43 @@ __host__ __device__ constexpr bool rf_ok(const mla_layout_desc &d, int dqk) {
   return true;
 }
 
+// Scales of a thread's chunk pairs, each loaded once: the slot of pair i among
+// the distinct scales of pairs 0..i (-1: no scale to load), and whether pair i
+// is the first with its scale.
+__host__ __device__ constexpr bool rf_scaled(int kind) {
+  return kind == mla_attn_spec::SK_FP8_F32 || kind == mla_attn_spec::SK_FP8_UE8M0;
+}
+__host__ __device__ constexpr bool rf_same_scale(const rf_chunk &a, const rf_chunk &b) {
+  return a.kind == b.kind && a.sregion == b.sregion && a.ssrc == b.ssrc;
+}
+__host__ __device__ constexpr rf_chunk rf_pair(const mla_layout_desc &d, int i) { return rf_chunk_at(d, rf_chunk_index(i, 0, 0)); }
+__host__ __device__ constexpr bool rf_scale_first(const mla_layout_desc &d, int i) {
+  if (!rf_scaled(rf_pair(d, i).kind)) return false;
+  for (int j = 0; j < i; j++)
+    if (rf_same_scale(rf_pair(d, j), rf_pair(d, i))) return false;
+  return true;
+}
+__host__ __device__ constexpr int rf_scale_slot(const mla_layout_desc &d, int i) {
+  if (!rf_scaled(rf_pair(d, i).kind)) return -1;
+  int n = 0;
+  for (int j = 0; j <= i; j++) {
+    if (!rf_scale_first(d, j)) continue;
+    if (rf_same_scale(rf_pair(d, j), rf_pair(d, i))) return n;
+    n++;
+  }
+  return -1;
+}
+__host__ __device__ constexpr int rf_scale_count(const mla_layout_desc &d, int dqk) {
+  int n = 0;
+  for (int i = 0; i < dqk / 64; i++) n += rf_scale_first(d, i);
+  return n;
+}
+
 // One thread's share of a key: loaded into registers, then converted into a K tile.
 template <class LS, int DQK> struct rf_key {
-  static constexpr int NI = DQK / 64;
-  uint4 d[NI][2]; // e4m3 pair in d[i][0]; bf16 chunks in d[i][0], d[i][1]
-  uint32_t sc[NI]; // scale bits: f32, or the ue8m0 byte
+  static constexpr int NI = DQK / 64, NSC = rf_scale_count(LS::host, DQK);
+  uint4 d[NI][2];  // e4m3 pair in d[i][0]; bf16 chunks in d[i][0], d[i][1]
+  uint32_t sc[NSC > 0 ? NSC : 1]; // distinct scales: f32 bits, or the ue8m0 byte
   bool ok;
 
   static constexpr rf_chunk at(int i, int h) { return rf_chunk_at(LS::host, rf_chunk_index(i, 0, h)); }
@@ -212,13 +244,16 @@ template <class LS, int DQK> struct rf_key {
       auto row = [&](int r) {
         return pb + p.d.region_off[r] + (int64_t)off * (r == 0 ? p.v.token_stride : (int64_t)p.d.region_row_bytes[r]);
       };
+      constexpr int slot = rf_scale_slot(LS::host, i);
       d[i][0] = d[i][1] = make_uint4(0, 0, 0, 0);
-      sc[i] = 0;
+      if constexpr (rf_scale_first(LS::host, i)) sc[slot] = 0;
       if (!ok) return;
       if constexpr (is_fp8_kind(a0.kind)) {
         d[i][0] = __ldg(reinterpret_cast<const uint4 *>(row(a0.region) + a0.src + 16 * q));
-        if constexpr (a0.kind == SK_FP8_F32) sc[i] = __ldg(reinterpret_cast<const unsigned int *>(row(a0.sregion) + a0.ssrc));
-        else if constexpr (a0.kind == SK_FP8_UE8M0) sc[i] = __ldg(row(a0.sregion) + a0.ssrc);
+        if constexpr (rf_scale_first(LS::host, i)) {
+          if constexpr (a0.kind == SK_FP8_F32) sc[slot] = __ldg(reinterpret_cast<const unsigned int *>(row(a0.sregion) + a0.ssrc));
+          else sc[slot] = __ldg(row(a0.sregion) + a0.ssrc);
+        }
       } else if constexpr (a0.kind == SK_COPY) {
         d[i][0] = __ldg(reinterpret_cast<const uint4 *>(row(a0.region) + a0.src + 32 * q));
         d[i][1] = __ldg(reinterpret_cast<const uint4 *>(row(a1.region) + a1.src + 32 * q));
@@ -236,8 +271,8 @@ template <class LS, int DQK> struct rf_key {
       if constexpr (is_fp8_kind(a0.kind)) {
         float s = 1.0f;
         if constexpr (a0.kind == SK_FP8_TENSOR) s = tscale;
-        else if constexpr (a0.kind == SK_FP8_F32) s = __uint_as_float(sc[i]);
-        else if constexpr (a0.kind == SK_FP8_UE8M0) s = mla_decode_scale(MLA_UE8M0, sc[i]);
+        else if constexpr (a0.kind == SK_FP8_F32) s = __uint_as_float(sc[rf_scale_slot(LS::host, i)]);
+        else if constexpr (a0.kind == SK_FP8_UE8M0) s = mla_decode_scale(MLA_UE8M0, sc[rf_scale_slot(LS::host, i)]);
         v0 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].x, d[i][0].y), s);
         v1 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].z, d[i][0].w), s);
       }
@@ -431,11 +466,14 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   // Register-fed tiles: this thread's quarter q4 of key n4, the next tile's in flight.
   typename rf_holder<LS, DQK, REGS>::type rf;
   const int n4 = lt >> 2, q4 = lt & 3;
+  // rf_load(u) resolves tile u's slot, fetched one tile earlier, and fetches tile u + 1's
+  slot_entry rf_next{-1, -1};
   auto rf_load = [&](int u) {
     if constexpr (REGS) {
       int page, off;
-      key_slot(u, n4, page, off);
+      slot_resolve(p, rf_next, page, off);
       rf.load(p, page, off, q4);
+      rf_next = slot_fetch<1>(p, r, qi, k1, k0 + (u + 1) * KB, n4);
     }
   };
   auto rf_store = [&](int u) {
@@ -446,6 +484,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   };
 
   if constexpr (REGS) {
+    rf_next = slot_fetch<1>(p, r, qi, k1, k0, n4);
     rf_load(0);
     __syncthreads(); // Q
     rf_store(0);
