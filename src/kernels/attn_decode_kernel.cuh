@@ -42,7 +42,7 @@ template <int MR> struct shape {
 // slot outside the cache). Keys of one problem count in int32 (lengths,
 // top-k and block tables are int32). TB: keys per tile.
 struct slot_entry {
-  int k, raw;
+  int off, raw; // off -1: no key; dense: the in-page offset and the block-table entry; sparse: the index
 };
 template <int TB = BN>
 __device__ __forceinline__ slot_entry slot_fetch(const params &p, int r, int qi, int nkeys, int tile, int n) {
@@ -50,17 +50,18 @@ __device__ __forceinline__ slot_entry slot_fetch(const params &p, int r, int qi,
   if (k >= nkeys) return {-1, -1};
   if (!p.sparse) {
     const int blk = k / p.d.block_size;
-    return {k, blk < p.max_blocks ? __ldg(p.block_table + (int64_t)r * p.max_blocks + blk) : -1};
+    if (blk >= p.max_blocks) return {-1, -1};
+    return {k - blk * p.d.block_size, __ldg(p.block_table + (int64_t)r * p.max_blocks + blk)};
   }
-  return {k, __ldg(p.indices + ((int64_t)r * p.s_q + qi) * p.topk + k)};
+  return {0, __ldg(p.indices + ((int64_t)r * p.s_q + qi) * p.topk + k)};
 }
 __device__ __forceinline__ void slot_resolve(const params &p, slot_entry e, int &page, int &off) {
   const int bs = p.d.block_size;
   page = -1, off = 0;
-  if (e.k < 0 || e.raw < 0) return;
+  if (e.off < 0 || e.raw < 0) return;
   if (!p.sparse) {
     if (e.raw >= p.v.num_pages) return;
-    page = e.raw, off = e.k - (e.k / bs) * bs;
+    page = e.raw, off = e.off;
   } else {
     if ((int64_t)e.raw >= p.v.num_pages * bs) return;
     page = e.raw / bs, off = e.raw - page * bs;

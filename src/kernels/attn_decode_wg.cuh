@@ -57,6 +57,10 @@ __host__ __device__ constexpr int tile_keys(int mode) { return mode == WG_STAGED
 // dequantizing tile u + 1 never waits for the P V of tile u - 1.
 __host__ __device__ constexpr int k_buffers(int mode) { return mode == WG_STAGED ? 3 : 2; }
 __host__ __device__ constexpr int p_buffers(int mode) { return mode == WG_STAGED ? 2 : 1; }
+// With 576-dim K and 64-key tiles, P(u) lives in K buffer u's last 64-dim
+// block (the RoPE dims, which only S(u) reads): two P buffers without shared
+// memory of their own, so the softmax of tile u + 1 never waits for P V(u).
+__host__ __device__ constexpr bool p_in_k(int mode, int dqk) { return mode == WG_REGS && dqk == DV + 64; }
 
 enum : int { BAR_FULL0 = 1, BAR_P_FULL0 = 4, BAR_P_EMPTY0 = 6, BAR_LOADER = 8 }; // 3 FULL, 2 P_FULL, 2 P_EMPTY
 
@@ -73,11 +77,11 @@ template <int DQK> __host__ __device__ constexpr smem_plan make_smem_plan(int mo
   int o = 0;
   s.q = o, o += DQK / 64 * BLK_Q;
   s.k = o, o += k_buffers(mode) * (DQK / 64) * kb * 128;
-  s.p = o, o += p_buffers(mode) * BLK_Q; // 64 rows x 128 bytes; kb = 32 uses half of each row
+  s.p = o, o += p_in_k(mode, DQK) ? 0 : p_buffers(mode) * BLK_Q; // 64 rows x 128 bytes; kb = 32 uses half of each row
   s.raw = o, o += staged ? (kb * stage_pitch + 15) / 16 * 16 : 0;
   s.raw_ok = o, o += staged ? kb * 4 : 0;
   s.plan = o, o += staged ? DQK / 8 * 16 : 0;
-  s.alpha = o, o += p_buffers(mode) * MR * 4;
+  s.alpha = o, o += 2 * MR * 4; // tile u's rescale factors at (u % 2) * MR
   s.fin = o, o += MR * 4;
   s.tok_ok = o, o += k_buffers(mode) * kb * 4;
   s.total = o + 1024;
@@ -298,6 +302,8 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   constexpr int KB = tile_keys(MODE);
   constexpr int NCH = DQK / 8, BLK_K = KB * 128, TILE = (DQK / 64) * BLK_K, NPASS = KB / 32; // keys per loader pass: 32
   constexpr int NKB = k_buffers(MODE), NPB = p_buffers(MODE);
+  constexpr bool PK = p_in_k(MODE, DQK);
+  constexpr bool RSUM = MODE != WG_BF16; // normalize by the sum of the rounded P (plain bf16 rows: no dequant error to leave room for)
   extern __shared__ __align__(16) unsigned char smem_window[];
   unsigned char *smem = smem_window + ((1024 - (mla::smem_addr(smem_window) & 1023)) & 1023);
   const smem_plan L = make_smem_plan<DQK>(MODE, p.stage_pitch);
@@ -305,6 +311,14 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   int *raw_ok = reinterpret_cast<int *>(smem + L.raw_ok);
   mla::chunk_plan *plan = reinterpret_cast<mla::chunk_plan *>(smem + L.plan);
   float *alpha_s = reinterpret_cast<float *>(smem + L.alpha);
+  // Tile u's P: its K buffer's RoPE block, or a P buffer. With P in the K
+  // buffers nothing makes warpgroup 0 wait for P V(u) before P(u + 1), so
+  // P_FULL alternates between two barriers: a barrier is arrived on again
+  // only after its previous phase completed (P_FULL(u + 2) needs FULL(u + 2),
+  // which warpgroups 1 and 2 arrive on after their sync on P_FULL(u)).
+  auto p_tile = [&](int u) {
+    return PK ? Kbase + (u % NKB) * TILE + (DV / 64) * BLK_K : Pbase + (u % NPB) * BLK_Q;
+  };
   float *fin_s = reinterpret_cast<float *>(smem + L.fin);
   int *tok_ok = reinterpret_cast<int *>(smem + L.tok_ok);
 
@@ -379,33 +393,34 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
           const float p0 = exp2f(s[4 * j + 2 * hh] - base[hh]), p1 = exp2f(s[4 * j + 2 * hh + 1] - base[hh]);
-          // the output divides by the sum of the weights P V uses (bf16), so it
-          // is their exact average; the LSE keeps the unrounded sum
+          // dequantized layouts: the output divides by the sum of the weights P V
+          // uses (bf16), so it is their exact average (rows near FlashMLA's cosine
+          // bound need it); the LSE keeps the unrounded sum
           const uint32_t pk = mla::pack_bf16x2(p0, p1);
           ps[hh] += p0 + p1;
-          pr[hh] += __uint_as_float(pk << 16) + __uint_as_float(pk & 0xFFFF0000u);
+          if constexpr (RSUM) pr[hh] += __uint_as_float(pk << 16) + __uint_as_float(pk & 0xFFFF0000u);
           pf[2 * j + hh] = pk;
         }
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + ps[hh], lr_run[hh] = lr_run[hh] * alpha[hh] + pr[hh];
 
       // hand P and alpha over once the P V warpgroups are done with this buffer's previous P
-      if (u >= NPB) mla::bar_sync(BAR_P_EMPTY0 + pb, NT);
-      unsigned char *Ps = Pbase + pb * BLK_Q;
+      if (!PK && u >= NPB) mla::bar_sync(BAR_P_EMPTY0 + pb, NT);
+      unsigned char *Ps = p_tile(u);
 #pragma unroll
       for (int j = 0; j < KB / 8; j++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++)
           *reinterpret_cast<uint32_t *>(Ps + mla::sw128_off(MR, hh ? rB : rA, j) + 4 * t4) = pf[2 * j + hh];
-      if (t4 == 0) alpha_s[pb * MR + rA] = alpha[0], alpha_s[pb * MR + rB] = alpha[1];
+      if (t4 == 0) alpha_s[(u & 1) * MR + rA] = alpha[0], alpha_s[(u & 1) * MR + rB] = alpha[1];
       mla::fence_proxy_async();
-      mla::bar_arrive(BAR_P_FULL0 + pb, NT);
+      mla::bar_arrive(BAR_P_FULL0 + (PK ? (u & 1) : pb), NT);
     }
     // row sums, the normalization (and sink) factor, the LSE
 #pragma unroll
     for (int hh = 0; hh < 2; hh++) {
       const int row = hh ? rB : rA;
-      const float l = quad_sum(l_run[hh]), lr = quad_sum(lr_run[hh]);
+      const float l = quad_sum(l_run[hh]), lr = RSUM ? quad_sum(lr_run[hh]) : l;
       const float lse2 = l > 0.f ? m_run[hh] + log2f(l) : -CUDART_INF_F;
       float f = l > 0.f && lr > 0.f ? 1.0f / lr : 0.f;
       int i = 0, h = 0;
@@ -536,18 +551,18 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       if (u > 0) mla::bar_sync(BAR_LOADER, 256);
       issue_next();
     }
-    mla::bar_sync(BAR_P_FULL0 + pb, NT);
+    mla::bar_sync(BAR_P_FULL0 + (PK ? (u & 1) : pb), NT);
     if (STAGED) { // P V(u - 1), left running last iteration, must be done before the rescale
       mla::wgmma_wait<0>();
       mla::fence_regs(o);
       if (u >= 1 && u - 1 + NPB < niter) mla::bar_arrive(BAR_P_EMPTY0 + (u - 1) % NPB, NT);
     }
-    const float al[2] = {alpha_s[pb * MR + rA], alpha_s[pb * MR + rB]};
+    const float al[2] = {alpha_s[(u & 1) * MR + rA], alpha_s[(u & 1) * MR + rB]};
     if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) {
 #pragma unroll
       for (int e = 0; e < 128; e++) o[e] *= al[(e >> 1) & 1];
     }
-    const uint32_t p_addr = mla::smem_addr(Pbase + pb * BLK_Q);
+    const uint32_t p_addr = mla::smem_addr(p_tile(u));
     const uint32_t v_addr = mla::smem_addr(Kbase + kb * TILE) + (wgi - 1) * 4 * BLK_K;
     mla::fence_regs(o);
     mla::wgmma_fence();
@@ -564,7 +579,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       }
       mla::wgmma_wait<0>();
       mla::fence_regs(o);
-      if (u + NPB < niter) mla::bar_arrive(BAR_P_EMPTY0 + pb, NT);
+      if (!PK && u + NPB < niter) mla::bar_arrive(BAR_P_EMPTY0 + pb, NT);
     }
   }
   mla::wgmma_wait<0>();
