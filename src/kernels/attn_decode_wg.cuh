@@ -53,13 +53,15 @@ enum wg_mode : int { WG_BF16 = 0, WG_STAGED = 1, WG_REGS = 2 };
 // Keys per tile: 64, or 32 for staged layouts, whose raw stage and third K
 // buffer must fit too.
 __host__ __device__ constexpr int tile_keys(int mode) { return mode == WG_STAGED ? 32 : 64; }
-// bf16 K buffers and P buffers: 2 and 1; staged layouts 3 and 2, so that
-// dequantizing tile u + 1 never waits for the P V of tile u - 1.
+// bf16 K buffers and P tiles: plain bf16 rows 2 and 1; staged layouts 3 and
+// 2, so that dequantizing tile u + 1 never waits for the P V of tile u - 1;
+// register-fed 2 and 2, so that the softmax of tile u + 1 never waits for
+// P V(u).
 __host__ __device__ constexpr int k_buffers(int mode) { return mode == WG_STAGED ? 3 : 2; }
-__host__ __device__ constexpr int p_buffers(int mode) { return mode == WG_STAGED ? 2 : 1; }
-// With 576-dim K and 64-key tiles, P(u) lives in K buffer u's last 64-dim
-// block (the RoPE dims, which only S(u) reads): two P buffers without shared
-// memory of their own, so the softmax of tile u + 1 never waits for P V(u).
+__host__ __device__ constexpr int p_buffers(int mode) { return mode == WG_BF16 ? 1 : 2; }
+// Register-fed 576-dim K: P(u) lives in K buffer u's last 64-dim block (the
+// RoPE dims, which only S(u) reads), so its two P tiles take no shared memory
+// of their own (two separate ones would not fit beside Q and the K buffers).
 __host__ __device__ constexpr bool p_in_k(int mode, int dqk) { return mode == WG_REGS && dqk == DV + 64; }
 
 enum : int { BAR_FULL0 = 1, BAR_P_FULL0 = 4, BAR_P_EMPTY0 = 6, BAR_LOADER = 8 }; // 3 FULL, 2 P_FULL, 2 P_EMPTY
@@ -303,6 +305,9 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   constexpr int NCH = DQK / 8, BLK_K = KB * 128, TILE = (DQK / 64) * BLK_K, NPASS = KB / 32; // keys per loader pass: 32
   constexpr int NKB = k_buffers(MODE), NPB = p_buffers(MODE);
   constexpr bool PK = p_in_k(MODE, DQK);
+  // register-fed: P tile u % 2 is free again by the time warpgroup 0 reaches
+  // tile u + 2 (see p_tile), so no P_EMPTY hand-over
+  constexpr bool P_FREE = REGS;
   constexpr bool RSUM = MODE != WG_BF16; // normalize by the sum of the rounded P (plain bf16 rows: no dequant error to leave room for)
   extern __shared__ __align__(16) unsigned char smem_window[];
   unsigned char *smem = smem_window + ((1024 - (mla::smem_addr(smem_window) & 1023)) & 1023);
@@ -311,11 +316,12 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   int *raw_ok = reinterpret_cast<int *>(smem + L.raw_ok);
   mla::chunk_plan *plan = reinterpret_cast<mla::chunk_plan *>(smem + L.plan);
   float *alpha_s = reinterpret_cast<float *>(smem + L.alpha);
-  // Tile u's P: its K buffer's RoPE block, or a P buffer. With P in the K
-  // buffers nothing makes warpgroup 0 wait for P V(u) before P(u + 1), so
-  // P_FULL alternates between two barriers: a barrier is arrived on again
-  // only after its previous phase completed (P_FULL(u + 2) needs FULL(u + 2),
-  // which warpgroups 1 and 2 arrive on after their sync on P_FULL(u)).
+  // Tile u's P: its K buffer's RoPE block, or P buffer u % NPB. Register-fed
+  // tiles skip P_EMPTY: warpgroup 0 writes P(u + 2) after S(u + 2), which needs
+  // FULL(u + 2), which warpgroups 1 and 2 arrive on after P V(u) completed. So
+  // P_FULL alternates between two barriers, each arrived on again only after
+  // its previous phase completed (P_FULL(u + 2) needs FULL(u + 2), arrived on
+  // after the sync on P_FULL(u)).
   auto p_tile = [&](int u) {
     return PK ? Kbase + (u % NKB) * TILE + (DV / 64) * BLK_K : Pbase + (u % NPB) * BLK_Q;
   };
@@ -405,7 +411,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       for (int hh = 0; hh < 2; hh++) l_run[hh] = l_run[hh] * alpha[hh] + ps[hh], lr_run[hh] = lr_run[hh] * alpha[hh] + pr[hh];
 
       // hand P and alpha over once the P V warpgroups are done with this buffer's previous P
-      if (!PK && u >= NPB) mla::bar_sync(BAR_P_EMPTY0 + pb, NT);
+      if (!P_FREE && u >= NPB) mla::bar_sync(BAR_P_EMPTY0 + pb, NT);
       unsigned char *Ps = p_tile(u);
 #pragma unroll
       for (int j = 0; j < KB / 8; j++)
@@ -414,7 +420,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
           *reinterpret_cast<uint32_t *>(Ps + mla::sw128_off(MR, hh ? rB : rA, j) + 4 * t4) = pf[2 * j + hh];
       if (t4 == 0) alpha_s[(u & 1) * MR + rA] = alpha[0], alpha_s[(u & 1) * MR + rB] = alpha[1];
       mla::fence_proxy_async();
-      mla::bar_arrive(BAR_P_FULL0 + (PK ? (u & 1) : pb), NT);
+      mla::bar_arrive(BAR_P_FULL0 + pb, NT);
     }
     // row sums, the normalization (and sink) factor, the LSE
 #pragma unroll
@@ -551,7 +557,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       if (u > 0) mla::bar_sync(BAR_LOADER, 256);
       issue_next();
     }
-    mla::bar_sync(BAR_P_FULL0 + (PK ? (u & 1) : pb), NT);
+    mla::bar_sync(BAR_P_FULL0 + pb, NT);
     if (STAGED) { // P V(u - 1), left running last iteration, must be done before the rescale
       mla::wgmma_wait<0>();
       mla::fence_regs(o);
@@ -579,7 +585,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       }
       mla::wgmma_wait<0>();
       mla::fence_regs(o);
-      if (!PK && u + NPB < niter) mla::bar_arrive(BAR_P_EMPTY0 + pb, NT);
+      if (!P_FREE && u + NPB < niter) mla::bar_arrive(BAR_P_EMPTY0 + pb, NT);
     }
   }
   mla::wgmma_wait<0>();
