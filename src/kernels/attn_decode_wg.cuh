@@ -295,6 +295,15 @@ template <class LS, int DQK> constexpr bool rf_allowed() {
 template <class LS, int DQK, bool ON> struct rf_holder { using type = rf_key<LS, DQK>; };
 template <class LS, int DQK> struct rf_holder<LS, DQK, false> { struct type {}; };
 
+// 2^x for the softmax weights (x <= 0): one MUFU.EX2; exp2f adds a range fix-up
+// (three instructions) for results below 2^-126, weights that vanish next to
+// the row's 1.0 anyway.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // MODE: wg_mode. LS: the built-in layout's spec type (WG_REGS), else void.
 template <int DQK, int MODE, class LS>
 __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_constant__ params p) {
@@ -398,7 +407,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       for (int j = 0; j < KB / 8; j++)
 #pragma unroll
         for (int hh = 0; hh < 2; hh++) {
-          const float p0 = exp2f(s[4 * j + 2 * hh] - base[hh]), p1 = exp2f(s[4 * j + 2 * hh + 1] - base[hh]);
+          const float p0 = exp2_ftz(s[4 * j + 2 * hh] - base[hh]), p1 = exp2_ftz(s[4 * j + 2 * hh + 1] - base[hh]);
           // dequantized layouts: the output divides by the sum of the weights P V
           // uses (bf16), so it is their exact average (rows near FlashMLA's cosine
           // bound need it); the LSE keeps the unrounded sum
