@@ -26,9 +26,9 @@
 -- forces the generic, descriptor-driven kernel). The third result of the
 -- baked path is its plan (splits, rows per CTA, stages, tile_keys, variant =
 -- "generic", "wgmma" or the built-in layout's name, ...); M.last_variant()
--- names what the last baked launch ran. On Hopper, 64-row tiles of a built-in
--- fp8 layout read with 16-byte loads run 64-key tiles fed from registers;
--- views that allow only narrower loads run 32-key staged tiles (tile_keys).
+-- names what the last baked launch ran. On Hopper, 64-row tiles of bf16 rows
+-- and of the built-in fp8 layouts run 64-key tiles (fp8 fed from registers);
+-- other layouts run 32-key staged tiles (tile_keys).
 local mla = require "mlalab"
 local core = mla.core
 local layout = require "mlalab.layout"

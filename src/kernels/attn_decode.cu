@@ -122,17 +122,16 @@ int wg_smem(int dqk, int mode, int pitch) {
   return dqk == 576 ? wg::make_smem_plan<576>(mode, pitch).total : wg::make_smem_plan<512>(mode, pitch).total;
 }
 // How the wgmma kernel fills its K tiles for a launch (wg::wg_mode): plain
-// bf16 rows; a built-in fp8 layout's register-fed tiles where the view allows
-// 16-byte loads; else staged tiles dequantized through chunk plans.
-int wg_mode_for(const mla_layout_desc &d, const params &p) {
-  if (p.identity) return wg::WG_BF16;
-  const spec_variant *v = find_variant(d, p);
-  return v && v->wg_regs_fn ? wg::WG_REGS : wg::WG_STAGED;
+// bf16 rows; a built-in fp8 layout's register-fed tiles (v: the built-in's
+// variants where the view allows their loads); else staged tiles dequantized
+// through chunk plans.
+int wg_mode_for(int identity, const spec_variant *v) {
+  return identity ? wg::WG_BF16 : v && v->wg_regs_fn ? wg::WG_REGS : wg::WG_STAGED;
 }
-const void *wg_kernel(const mla_layout_desc &d, const params &p, int dqk, int mode) {
+const void *wg_kernel(const spec_variant *v, int dqk, int mode) {
   if (mode == wg::WG_BF16)
     return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, wg::WG_BF16, void> : (const void *)wg::attn_decode_wg_kernel<512, wg::WG_BF16, void>;
-  if (mode == wg::WG_REGS) return find_variant(d, p)->wg_regs_fn;
+  if (mode == wg::WG_REGS) return v->wg_regs_fn;
   return dqk == 576 ? (const void *)wg::attn_decode_wg_kernel<576, wg::WG_STAGED, void> : (const void *)wg::attn_decode_wg_kernel<512, wg::WG_STAGED, void>;
 }
 // K tiles in flight in the wgmma kernel (bf16 tiles, or the raw stage); 0 if it does not fit.
@@ -210,15 +209,16 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   // shapes overlap one CTA's math with the other's loads), one for 64 rows.
   int per_sm = 0;
   cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
-  const spec_variant *sv = specialize && mr == 16 && !p.identity ? find_variant(*d, p) : nullptr;
-  const int wg_mode = wg_mode_for(*d, p);
+  const spec_variant *bv = p.identity ? nullptr : find_variant(*d, p); // a built-in fp8 layout's kernels
+  const spec_variant *sv = specialize && mr == 16 ? bv : nullptr;
+  const int wg_mode = wg_mode_for(p.identity, bv);
   const int wg_nst = specialize && mr == 64 && wg_available(props) ? wg_stages(dqk, wg_mode, p.stage_pitch, props.max_smem_optin) : 0;
   const bool wgk = wg_nst > 0;
   int ctas_per_sm = mr <= 32 ? 2 : 1, nst = 0, smem = 0, tile = BN, tile_keys = BN; // tile: unit of the KV split
   const void *fn = nullptr;
   if (wgk) {
     nst = wg_nst, smem = wg_smem(dqk, wg_mode, p.stage_pitch), tile = wg::SPLIT_KEYS, tile_keys = wg::tile_keys(wg_mode);
-    fn = wg_kernel(*d, p, dqk, wg_mode);
+    fn = wg_kernel(bv, dqk, wg_mode);
   } else if (sv) {
     // 64-key tiles where two CTAs per SM still fit (fewer barriers per key), else 48
     const int nr = sv->desc->nregions;

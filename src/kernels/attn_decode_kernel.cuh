@@ -37,7 +37,7 @@ template <int MR> struct shape {
 
 // A key's slot in two steps, so that a caller can have the block-table or
 // index entry's load in flight before it needs the slot: slot_fetch loads the
-// entry of key n of tile `tile` (k = -1: past the keys), slot_resolve turns it
+// entry of key n of tile `tile` (off = -1: past the keys), slot_resolve turns it
 // into the page and in-page offset (page -1: no key, a -1 index, a page or
 // slot outside the cache). Keys of one problem count in int32 (lengths,
 // top-k and block tables are int32). TB: keys per tile.

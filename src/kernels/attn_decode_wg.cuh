@@ -169,6 +169,9 @@ __host__ __device__ constexpr rf_chunk rf_chunk_at(const mla_layout_desc &d, int
   return {k.kind, r, k.src - stage_off(d, r), sr, k.scale_src >= 0 ? k.scale_src - stage_off(d, sr) : 0};
 }
 
+// chunk h of pair i, quarter 0
+__host__ __device__ constexpr rf_chunk rf_pair(const mla_layout_desc &d, int i, int h = 0) { return rf_chunk_at(d, rf_chunk_index(i, 0, h)); }
+
 // Whether a layout can be register-fed: every chunk known, the quarters of a
 // key on consecutive bytes of one region with one scale, data regions 16-byte
 // granular, and an e4m3 chunk pair (h = 0, 1) one 16-byte load.
@@ -176,7 +179,7 @@ __host__ __device__ constexpr bool rf_ok(const mla_layout_desc &d, int dqk) {
   using namespace mla_attn_spec;
   if (dqk % 64) return false;
   for (int i = 0; i < dqk / 64; i++) {
-    const rf_chunk a0 = rf_chunk_at(d, rf_chunk_index(i, 0, 0)), a1 = rf_chunk_at(d, rf_chunk_index(i, 0, 1));
+    const rf_chunk a0 = rf_pair(d, i, 0), a1 = rf_pair(d, i, 1);
     if (a0.kind == SK_BAD || a1.kind == SK_BAD) return false;
     if (is_fp8_kind(a0.kind) != is_fp8_kind(a1.kind) || (a0.kind == SK_ZERO) != (a1.kind == SK_ZERO)) return false;
     if (is_fp8_kind(a0.kind) && (a1.kind != a0.kind || a1.region != a0.region || a1.src != a0.src + 8 || a0.src % 16 ||
@@ -207,7 +210,6 @@ __host__ __device__ constexpr bool rf_scaled(int kind) {
 __host__ __device__ constexpr bool rf_same_scale(const rf_chunk &a, const rf_chunk &b) {
   return a.kind == b.kind && a.sregion == b.sregion && a.ssrc == b.ssrc;
 }
-__host__ __device__ constexpr rf_chunk rf_pair(const mla_layout_desc &d, int i) { return rf_chunk_at(d, rf_chunk_index(i, 0, 0)); }
 __host__ __device__ constexpr bool rf_scale_first(const mla_layout_desc &d, int i) {
   if (!rf_scaled(rf_pair(d, i).kind)) return false;
   for (int j = 0; j < i; j++)
@@ -237,7 +239,6 @@ template <class LS, int DQK> struct rf_key {
   uint32_t sc[NSC > 0 ? NSC : 1]; // distinct scales: f32 bits, or the ue8m0 byte
   bool ok;
 
-  static constexpr rf_chunk at(int i, int h) { return rf_chunk_at(LS::host, rf_chunk_index(i, 0, h)); }
 
   // Starts the loads of key (page, off) for quarter q; a key without a page reads as zeros.
   __device__ __forceinline__ void load(const params &p, int page, int off, int q) {
@@ -246,7 +247,7 @@ template <class LS, int DQK> struct rf_key {
     const unsigned char *pb = p.v.base + (ok ? (int64_t)page * p.v.page_stride : 0);
     static_for<NI>([&](auto ic) {
       constexpr int i = decltype(ic)::value;
-      constexpr rf_chunk a0 = at(i, 0), a1 = at(i, 1);
+      constexpr rf_chunk a0 = rf_pair(LS::host, i, 0), a1 = rf_pair(LS::host, i, 1);
       auto row = [&](int r) {
         return pb + p.d.region_off[r] + (int64_t)off * (r == 0 ? p.v.token_stride : (int64_t)p.d.region_row_bytes[r]);
       };
@@ -272,7 +273,7 @@ template <class LS, int DQK> struct rf_key {
     using namespace mla_attn_spec;
     static_for<NI>([&](auto ic) {
       constexpr int i = decltype(ic)::value;
-      constexpr rf_chunk a0 = at(i, 0);
+      constexpr rf_chunk a0 = rf_pair(LS::host, i);
       uint4 v0 = d[i][0], v1 = d[i][1];
       if constexpr (is_fp8_kind(a0.kind)) {
         float s = 1.0f;
