@@ -32,7 +32,6 @@ end
 if not mla.has_cuda() then error("attn_bench: needs a GPU") end
 if args.counters and args.timer ~= "pm" then error("attn_bench: --counters 1 needs --timer pm") end
 
-
 local groups = {
   memory = {
     { kind = "dense", layout = "bf16", b = 128, s_q = 1, h_q = 16, len = 4096 },

@@ -231,7 +231,7 @@ static int l_attn_decode(lua_State *L) {
   if (mla_attn_baked_supports(in.d, &in.a) != 1) return mla_lua_errorf(L, c.fn);
   int64_t max_keys = in.a.sparse ? in.a.topk : in.a.max_blocks * in.d->block_size;
   if (in.check) max_keys = check_values(&c, &in);
-  mla_attn_plan plan = {0};
+  mla_attn_plan plan;
   memset(&plan, 0, sizeof plan);
   if (mla_cuda_attn_decode(in.d, &in.v, &in.a, max_keys, in.splits, in.specialize, (void *)data_of(&c, in.out),
                            (float *)data_of(&c, in.lse), c.dev, &plan))
