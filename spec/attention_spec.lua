@@ -610,6 +610,14 @@ describe("attention baked specialized kernels", function()
     end
   end)
 
+  it("scale exponents rising and falling by 2^12 along a request (16 rows) #gpu", function()
+    for k, c in ipairs { { "fp8_ds_mla_amax", { -12, 0 } }, { "fp8_ds_mla", { 0, -12 } }, { "fp8_v4", { -12, 0 } } } do
+      mla.manual_seed(1150 + k)
+      local case = C.dense { layout = c[1], b = 2, s_q = 1, h_q = 16, lens = { 1500, 700 }, kv_ramp = c[2] }
+      for _, splits in ipairs { 1, 3 } do both(case, { splits = splits }, DENSE_OUT, SPEC_VARIANT[c[1]]) end
+    end
+  end)
+
   it("are chosen by descriptor equality, not by name: a renamed copy is served, other descriptors are not #gpu", function()
     local base = mla.layout.get("fp8_ds_mla")
     local cases = {
@@ -687,6 +695,19 @@ describe("attention baked wgmma kernel (64-row tiles)", function()
         order = "block_major" }
       assert.is_false(cross.view.pages:is_contiguous())
       both(cross, {}, DENSE_OUT)
+    end
+  end)
+
+  -- The register-fed fp8_ds_mla / fp8_pertensor tiles hold e4m3 codes x f16(s x 2^-E), E the
+  -- split's running maximum scale exponent: scales that rise along a request (E grows from tile to
+  -- tile, the output accumulated so far is rescaled) and fall (E stays at the first tiles' maximum).
+  it("scale exponents rising and falling by 2^12 along a request, one split and three #gpu", function()
+    -- gains up to 1: FlashMLA's absolute bound is sized for outputs of rows with std 0.1
+    for k, c in ipairs { { "fp8_ds_mla", { -12, 0 } }, { "fp8_ds_mla_amax", { 0, -12 } }, { "fp8_ds_mla_amax", { -12, 0 } },
+      { "fp8_pertensor", { -6, 0 } }, { "fp8_v4", { -12, 0 } } } do
+      mla.manual_seed(1100 + k)
+      local case = C.dense { layout = c[1], b = 2, s_q = 1, h_q = 128, lens = { 1500, 700 }, kv_ramp = c[2], tensor_scale = 0.5 }
+      for _, splits in ipairs { 1, 3 } do both(case, { splits = splits }, DENSE_OUT) end
     end
   end)
 

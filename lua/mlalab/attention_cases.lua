@@ -15,7 +15,9 @@
 -- q_std = 3, kv_std = 0.1 (FlashMLA's KV scale, randn/10; q larger so
 -- scores spread with std ~0.3 at d^-0.5 instead of FlashMLA's ~0.01), seed, fill = "write" | "replicate" (benches: write
 -- `template_pages` pages through the layout, copy them over the rest).
--- dense: lens = {..} or len = n. sparse: topk, pool = tokens holding data,
+-- dense: lens = {..} or len = n, kv_ramp = {lo, hi} (position t of a request of n tokens drawn with
+-- std kv_std x 2^(lo + (hi - lo + 1) t // n), capped at 2^hi: scale exponents that rise, or with
+-- lo > hi fall, along the request). sparse: topk, pool = tokens holding data,
 -- invalid = fraction of -1 entries, empty_rows = {{r, i}, ...} all -1,
 -- topk_len = {..} (or true: random lengths), unique = true (distinct slots per row).
 local mla = require "mlalab"
@@ -56,13 +58,20 @@ local function new_cache(o, num_blocks)
   return c
 end
 
--- Writes random rows into the given slots of the case's layer.
-local function write_rows(c, o, slots)
+-- Writes random rows into the given slots of the case's layer; gains[i]
+-- (optional) multiplies the std of slot i's row.
+local function write_rows(c, o, slots, gains)
   local L, layer = c.layout, o.layer or 0
   if #slots == 0 then return end
   if (o.fill or "write") == "write" then
-    local x = mla.randn({ #slots, L.dim }, { std = o.kv_std or 0.1, device = "cpu" })
-    c:write(layer, x, mla.tensor(slots, "i64", "cpu"))
+    local i = 1
+    while i <= #slots do -- runs of one gain
+      local g, j = gains and gains[i] or 1, i
+      while j < #slots and (gains and gains[j + 1] or 1) == g do j = j + 1 end
+      local x = mla.randn({ j - i + 1, L.dim }, { std = (o.kv_std or 0.1) * g, device = "cpu" })
+      c:write(layer, x, mla.tensor(table.move(slots, i, j, 1, {}), "i64", "cpu"))
+      i = j + 1
+    end
     return
   end
   -- replicate: write template pages, then copy them page-block by page-block
@@ -111,7 +120,8 @@ function M.dense(o)
   local num_blocks = need + (o.extra_blocks or 0)
   if num_blocks < 1 then num_blocks = 1 end
   local perm = permutation(num_blocks, draw)
-  local bt, slots, k = {}, {}, 0
+  local bt, slots, gains, k = {}, {}, {}, 0
+  local ramp = o.kv_ramp
   for r = 1, o.b do
     local row = {}
     for j = 1, max_blocks do row[j] = M.GARBAGE end
@@ -120,12 +130,21 @@ function M.dense(o)
       k = k + 1
       row[j] = perm[k]
       local n = math.min(bs, lens[r] - (j - 1) * bs)
-      for t = 0, n - 1 do slots[#slots + 1] = perm[k] * bs + t end
+      for t = 0, n - 1 do
+        slots[#slots + 1] = perm[k] * bs + t
+        if ramp then
+          local pos, lo, hi = (j - 1) * bs + t, ramp[1], ramp[2]
+          local step = lo <= hi and 1 or -1
+          local e = lo + step * ((math.abs(hi - lo) + 1) * pos // lens[r])
+          if step * (e - hi) > 0 then e = hi end
+          gains[#slots] = 2.0 ^ e
+        end
+      end
     end
     bt[r] = row
   end
   local c = new_cache(o, num_blocks)
-  write_rows(c, o, slots)
+  write_rows(c, o, slots, ramp and gains or nil)
   local dev = c.device
   return {
     kind = "dense", layout = L, cache = c, view = c:view(o.layer or 0), q = make_q(o, L),

@@ -167,6 +167,12 @@ __device__ __forceinline__ uint16_t to_bf16_bits(float x) { return __bfloat16_as
 
 // Two bf16 (lo, hi) times s as f16x2, round to nearest (exact for a power-of-two s
 // that keeps the values in f16's normal range).
+// the larger finite magnitude of a bf16 pair, as bits (0 for inf and NaN)
+__device__ __forceinline__ uint32_t bf16x2_absmax(uint32_t w) {
+  const uint32_t a = w & 0x7FFFu, b = (w >> 16) & 0x7FFFu;
+  return max(a < 0x7F80u ? a : 0u, b < 0x7F80u ? b : 0u);
+}
+
 __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w, float s) {
   const __half2 h = __floats2half2_rn(__uint_as_float(w << 16) * s, __uint_as_float(w & 0xFFFF0000u) * s);
   return *reinterpret_cast<const uint32_t *>(&h);

@@ -16,7 +16,9 @@
 //     loads its share of one key's token row into registers a tile ahead and,
 //     before waiting for P, converts it into the other K buffer, so the
 //     conversion of tile u + 1 overlaps S(u) and P V(u) overlaps S(u + 1)
-//     (KB = 64, two tiles, no raw stage).
+//     (KB = 64, two tiles, no raw stage). Layouts whose value dims are all
+//     e4m3 (fp8_ds_mla, fp8_pertensor) run in codes mode (rf_codes_ok): f16
+//     K tiles of code x f16(s / 2^E), f16 Q and P; the others convert to bf16.
 //   WG_STAGED: other layouts: raw bytes in a stage (KB = 32, three bf16
 //     tiles) dequantized through the layout's chunk plans (mla/dequant_chunk.cuh).
 // setmaxnreg moves registers from warpgroup 0 to the accumulator holders.
@@ -67,7 +69,7 @@ __host__ __device__ constexpr bool p_in_k(int mode, int dqk) { return mode == WG
 enum : int { BAR_FULL0 = 1, BAR_P_FULL0 = 4, BAR_P_EMPTY0 = 6, BAR_LOADER = 8 }; // 3 FULL, 2 P_FULL, 2 P_EMPTY
 
 struct smem_plan {
-  int q, k, p, raw, raw_ok, plan, alpha, fin, tok_ok, total;
+  int q, k, p, raw, raw_ok, plan, alpha, fin, tok_ok, misc, total;
 };
 
 // Offsets from the 1024-aligned start of the dynamic window; total includes
@@ -86,6 +88,7 @@ template <int DQK> __host__ __device__ constexpr smem_plan make_smem_plan(int mo
   s.alpha = o, o += 2 * MR * 4; // tile u's rescale factors at (u % 2) * MR
   s.fin = o, o += MR * 4;
   s.tok_ok = o, o += k_buffers(mode) * kb * 4;
+  s.misc = o, o += 32 * 4; // codes mode: Q's warp maxima [0, 12), tile scale-exponent maxima [16, 18), tile E [18, 20)
   s.total = o + 1024;
   return s;
 }
@@ -232,6 +235,53 @@ __host__ __device__ constexpr int rf_scale_count(const mla_layout_desc &d, int d
   return n;
 }
 
+// Codes mode: register-fed layouts whose value dims are all e4m3 and whose
+// other dims are e4m3 or bf16. K tiles hold each e4m3 code times f16(s x
+// 2^-E), E the split's running maximum scale exponent plus headroom, so a
+// value pair costs one conversion and one f16 multiply (the bf16 path: an
+// f32 round trip, three instructions per value); bf16 dims are multiplied by
+// 2^-E (exact). S runs on f16 operands (bf16 for bf16 dims) and P V on f16
+// P; Q's power of two, 2^E and a tensor scale fold into the softmax factor and
+// the output. Tensor-scaled and per-key-scaled blocks do not mix (one fold).
+__host__ __device__ constexpr bool rf_codes_ok(const mla_layout_desc &d, int dqk) {
+  using namespace mla_attn_spec;
+  if (!rf_ok(d, dqk)) return false;
+  int tensor = 0, other = 0;
+  for (int i = 0; i < dqk / 64; i++) {
+    const int k = rf_pair(d, i).kind;
+    if (!is_fp8_kind(k) && (i < DV / 64 || k != SK_COPY)) return false;
+    if (is_fp8_kind(k)) (k == SK_FP8_TENSOR ? tensor : other)++;
+  }
+  return !(tensor && other);
+}
+// bit i: 64-dim block i holds e4m3 codes (f16 in the K tile)
+__host__ __device__ constexpr unsigned rf_f16_blocks(const mla_layout_desc &d, int dqk) {
+  unsigned m = 0;
+  for (int i = 0; i < dqk / 64; i++)
+    if (mla_attn_spec::is_fp8_kind(rf_pair(d, i).kind)) m |= 1u << i;
+  return m;
+}
+__host__ __device__ constexpr bool rf_tensor_scaled(const mla_layout_desc &d, int dqk) {
+  for (int i = 0; i < dqk / 64; i++)
+    if (rf_pair(d, i).kind == mla_attn_spec::SK_FP8_TENSOR) return true;
+  return false;
+}
+// Headroom below the largest scale: codes (< 2^9) x f16(s x 2^-E) < 2^15.
+constexpr int E_HEADROOM = 5, E_MIN = -64, E_MAX = 64;
+
+__device__ __forceinline__ uint32_t hmul2_f16(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+__device__ __forceinline__ uint32_t hmul2_bf16(uint32_t a, uint32_t b) {
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+// 2^x for an integer x in [-126, 127]
+__device__ __forceinline__ float pow2i(int x) { return __uint_as_float((uint32_t)(127 + x) << 23); }
+
 // One thread's share of a key: loaded into registers, then converted into a K tile.
 template <class LS, int DQK> struct rf_key {
   static constexpr int NI = DQK / 64, NSC = rf_scale_count(LS::host, DQK);
@@ -268,6 +318,52 @@ template <class LS, int DQK> struct rf_key {
     });
   }
 
+  // Largest finite exponent field among this thread's scales (0: none).
+  __device__ __forceinline__ int scale_exp() const {
+    using namespace mla_attn_spec;
+    int e = 0;
+    static_for<NI>([&](auto ic) {
+      constexpr int i = decltype(ic)::value;
+      if constexpr (rf_scale_first(LS::host, i)) {
+        const uint32_t v = sc[rf_scale_slot(LS::host, i)];
+        const int f = rf_pair(LS::host, i).kind == SK_FP8_F32 ? (int)((v >> 23) & 0xffu) : (int)(v & 0xffu);
+        if (f != 255) e = max(e, f);
+      }
+    });
+    return e;
+  }
+
+  // Codes mode: converts into rows n of the swizzled K tile kt; ef = 2^-E.
+  template <int KB, bool HAS_E> __device__ __forceinline__ void store_codes(unsigned char *kt, int n, int q, float ef) const {
+    using namespace mla_attn_spec;
+    const uint32_t eb = __float_as_uint(ef) >> 16, eb2 = eb | eb << 16; // bf16x2 of 2^-E, exact
+    static_for<NI>([&](auto ic) {
+      constexpr int i = decltype(ic)::value;
+      constexpr rf_chunk a0 = rf_pair(LS::host, i);
+      uint4 v0 = d[i][0], v1 = d[i][1];
+      if constexpr (is_fp8_kind(a0.kind)) {
+        const uint32_t w[4] = {d[i][0].x, d[i][0].y, d[i][0].z, d[i][0].w};
+        uint32_t h[8];
+#pragma unroll
+        for (int j = 0; j < 4; j++) h[2 * j] = mla::e4m3x2_f16(w[j]), h[2 * j + 1] = mla::e4m3x2_f16(w[j] >> 16);
+        if constexpr (a0.kind == SK_FP8_F32 || a0.kind == SK_FP8_UE8M0 || (a0.kind == SK_FP8_ONE && HAS_E)) {
+          float s = 1.0f;
+          if constexpr (a0.kind == SK_FP8_F32) s = __uint_as_float(sc[rf_scale_slot(LS::host, i)]);
+          else if constexpr (a0.kind == SK_FP8_UE8M0) s = mla_decode_scale(MLA_UE8M0, sc[rf_scale_slot(LS::host, i)]);
+          const uint32_t s2 = mla::pack_f16x2(s * ef, s * ef);
+#pragma unroll
+          for (int j = 0; j < 8; j++) h[j] = hmul2_f16(h[j], s2);
+        }
+        v0 = make_uint4(h[0], h[1], h[2], h[3]), v1 = make_uint4(h[4], h[5], h[6], h[7]);
+      } else if constexpr (a0.kind == SK_COPY && HAS_E) {
+        v0 = make_uint4(hmul2_bf16(v0.x, eb2), hmul2_bf16(v0.y, eb2), hmul2_bf16(v0.z, eb2), hmul2_bf16(v0.w, eb2));
+        v1 = make_uint4(hmul2_bf16(v1.x, eb2), hmul2_bf16(v1.y, eb2), hmul2_bf16(v1.z, eb2), hmul2_bf16(v1.w, eb2));
+      }
+      *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, rf_chunk_index(i, q, 0))) = v0;
+      *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, rf_chunk_index(i, q, 1))) = v1;
+    });
+  }
+
   // Converts into rows n of the swizzled K tile kt (KB rows).
   template <int KB> __device__ __forceinline__ void store(unsigned char *kt, int n, int q, float tscale) const {
     using namespace mla_attn_spec;
@@ -293,6 +389,16 @@ template <class LS, int DQK> constexpr bool rf_allowed() {
   if constexpr (std::is_void<LS>::value) return false;
   else return rf_ok(LS::host, DQK);
 }
+// codes mode (see rf_codes_ok): layout facts, all false / 0 off it
+template <class LS, int DQK, bool NONE = std::is_void<LS>::value> struct codes_of {
+  static constexpr bool on = false, has_e = false, tensor = false;
+  static constexpr unsigned f16_blocks = 0;
+};
+template <class LS, int DQK> struct codes_of<LS, DQK, false> {
+  static constexpr bool on = rf_codes_ok(LS::host, DQK);
+  static constexpr bool has_e = on && rf_scale_count(LS::host, DQK) > 0, tensor = on && rf_tensor_scaled(LS::host, DQK);
+  static constexpr unsigned f16_blocks = on ? rf_f16_blocks(LS::host, DQK) : 0u;
+};
 template <class LS, int DQK, bool ON> struct rf_holder { using type = rf_key<LS, DQK>; };
 template <class LS, int DQK> struct rf_holder<LS, DQK, false> { struct type {}; };
 
@@ -319,6 +425,8 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   // tile u + 2 (see p_tile), so no P_EMPTY hand-over
   constexpr bool P_FREE = REGS;
   constexpr bool RSUM = MODE != WG_BF16; // normalize by the sum of the rounded P (plain bf16 rows: no dequant error to leave room for)
+  using CO = codes_of<LS, DQK>;
+  constexpr bool CODES = CO::on, HAS_E = CO::has_e; // see rf_codes_ok
   extern __shared__ __align__(16) unsigned char smem_window[];
   unsigned char *smem = smem_window + ((1024 - (mla::smem_addr(smem_window) & 1023)) & 1023);
   const smem_plan L = make_smem_plan<DQK>(MODE, p.stage_pitch);
@@ -337,6 +445,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   };
   float *fin_s = reinterpret_cast<float *>(smem + L.fin);
   int *tok_ok = reinterpret_cast<int *>(smem + L.tok_ok);
+  int *qmax_w = reinterpret_cast<int *>(smem + L.misc), *emax_s = qmax_w + 16, *e_s = qmax_w + 18;
 
   const int tid = threadIdx.x, wgi = tid >> 7, warp = (tid >> 5) & 3, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const cta_work w = cta_work_of<MR, SPLIT_KEYS>(p);
@@ -349,8 +458,38 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
 
   // Prologue (all): plans, Q rows (zero past nrows).
   const float tscale = STAGED ? setup_plans<NCH>(p, plan, tid, NT) : REGS && p.v.tensor_scale ? __ldg(p.v.tensor_scale) : 1.0f;
-  load_q_rows<MR, NCH>(p, w, tid, NT,
-                       [&](int row, int c, uint4 val) { *reinterpret_cast<uint4 *>(Qs + mla::sw128_off(MR, row, c)) = val; });
+  uint32_t qmx = 0; // codes mode: largest finite |q| of the f16 blocks, bits
+  load_q_rows<MR, NCH>(p, w, tid, NT, [&](int row, int c, uint4 val) {
+    *reinterpret_cast<uint4 *>(Qs + mla::sw128_off(MR, row, c)) = val;
+    if (CODES && ((CO::f16_blocks >> (c / 8)) & 1))
+      qmx = max(qmx, max(max(bf16x2_absmax(val.x), bf16x2_absmax(val.y)), max(bf16x2_absmax(val.z), bf16x2_absmax(val.w))));
+  });
+  // Codes mode: Q x 2^-qk, f16 in the f16 blocks (exact; every finite |q|
+  // below 2^15), bf16 elsewhere.
+  int qk = 0;
+  if constexpr (CODES) {
+    qmx = __reduce_max_sync(0xffffffffu, qmx);
+    if (lane == 0) qmax_w[tid >> 5] = (int)qmx;
+    if (tid == 0) emax_s[0] = emax_s[1] = 0;
+    __syncthreads();
+    int mx = 0;
+#pragma unroll
+    for (int i = 0; i < NT / 32; i++) mx = max(mx, qmax_w[i]);
+    const int e = (mx >> 7) - 127;
+    qk = e >= 15 ? e - 14 : 0;
+    const float qs = pow2i(-qk);
+    const uint32_t qb = __float_as_uint(qs) >> 16, qb2 = qb | qb << 16;
+    for (int idx = tid; idx < MR * NCH; idx += NT) {
+      const int row = idx / NCH, c = idx - row * NCH;
+      uint4 *at = reinterpret_cast<uint4 *>(Qs + mla::sw128_off(MR, row, c));
+      uint4 v = *at;
+      if ((CO::f16_blocks >> (c / 8)) & 1)
+        v = make_uint4(bf16x2_to_f16x2(v.x, qs), bf16x2_to_f16x2(v.y, qs), bf16x2_to_f16x2(v.z, qs), bf16x2_to_f16x2(v.w, qs));
+      else if (qk)
+        v = make_uint4(hmul2_bf16(v.x, qb2), hmul2_bf16(v.y, qb2), hmul2_bf16(v.z, qb2), hmul2_bf16(v.w, qb2));
+      *at = v;
+    }
+  }
 
   const int rA = warp * 16 + g, rB = rA + 8;
   if (wgi == 0) {
@@ -367,6 +506,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
     // running max; row sums of P (for the LSE) and of P as rounded for P V (the normalization)
     float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, l_run[2] = {0.f, 0.f}, lr_run[2] = {0.f, 0.f};
     const uint32_t q_addr = mla::smem_addr(Qs);
+    const float s_fac = p.scale_log2 * pow2i(qk) * (CO::tensor ? tscale : 1.0f);
     for (int u = 0; u < niter; u++) {
       const int kb = u % NKB, pb = u % NPB;
       if (u > 0) mla::bar_sync(BAR_FULL0 + kb, NT);
@@ -377,10 +517,17 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       mla::fence_regs(s);
       mla::wgmma_fence();
 #pragma unroll
-      for (int kk = 0; kk < DQK / 16; kk++)
-        wgmma_s<KB>(s, mla::wgmma_desc(q_addr + (kk >> 2) * BLK_Q + (kk & 3) * 32, 16, 1024),
-                    mla::wgmma_desc(k_addr + (kk >> 2) * BLK_K + (kk & 3) * 32, 16, 1024));
+      for (int kk = 0; kk < DQK / 16; kk++) {
+        const uint64_t da = mla::wgmma_desc(q_addr + (kk >> 2) * BLK_Q + (kk & 3) * 32, 16, 1024);
+        const uint64_t db = mla::wgmma_desc(k_addr + (kk >> 2) * BLK_K + (kk & 3) * 32, 16, 1024);
+        if constexpr (CODES) {
+          if ((CO::f16_blocks >> (kk >> 2)) & 1) mla::wgmma_m64n64k16_f16(s, da, db, 1);
+          else wgmma_s<KB>(s, da, db);
+        } else wgmma_s<KB>(s, da, db);
+      }
       mla::wgmma_commit();
+      // codes mode: S is in units of 2^(qk + E(u)) (and of the tensor scale)
+      const float fac = CODES ? s_fac * (HAS_E ? pow2i(e_s[u & 1]) : 1.0f) : p.scale_log2;
       mla::wgmma_wait<0>();
       mla::fence_regs(s);
 
@@ -391,7 +538,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       for (int e = 0; e < KB / 2; e++) {
         const int col = (e >> 2) * 8 + 2 * t4 + (e & 1), hh = (e >> 1) & 1;
         const bool ok = ok_t[col] && k0 + u * KB + col <= lim[hh];
-        s[e] = ok ? s[e] * p.scale_log2 : -CUDART_INF_F;
+        s[e] = ok ? s[e] * fac : -CUDART_INF_F;
         mx[hh] = fmaxf(mx[hh], s[e]);
       }
       float alpha[2], base[2];
@@ -412,9 +559,12 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
           // dequantized layouts: the output divides by the sum of the weights P V
           // uses (bf16), so it is their exact average (rows near FlashMLA's cosine
           // bound need it); the LSE keeps the unrounded sum
-          const uint32_t pk = mla::pack_bf16x2(p0, p1);
+          const uint32_t pk = CODES ? mla::pack_f16x2(p0, p1) : mla::pack_bf16x2(p0, p1);
           ps[hh] += p0 + p1;
-          if constexpr (RSUM) pr[hh] += __uint_as_float(pk << 16) + __uint_as_float(pk & 0xFFFF0000u);
+          if constexpr (CODES) {
+            const float2 pq = __half22float2(*reinterpret_cast<const __half2 *>(&pk));
+            pr[hh] += pq.x + pq.y;
+          } else if constexpr (RSUM) pr[hh] += __uint_as_float(pk << 16) + __uint_as_float(pk & 0xFFFF0000u);
           pf[2 * j + hh] = pk;
         }
 #pragma unroll
@@ -507,9 +657,26 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       rf_next = slot_fetch<1>(p, r, qi, k1, k0 + (u + 1) * KB, n4);
     }
   };
-  auto rf_store = [&](int u) {
+  // Codes mode: E of tiles u - 1, u and u + 1 at iteration u (the split's
+  // running maximum, so O's units only shrink); each tile's largest scale
+  // exponent gathered by atomicMax one tile ahead.
+  int e_prev = E_MIN, e_cur = E_MIN, e_nx = E_MIN;
+  auto e_gather = [&](int u) {
+    if constexpr (HAS_E) {
+      const int x = __reduce_max_sync(0xffffffffu, rf.scale_exp());
+      if (lane == 0) atomicMax(emax_s + (u & 1), x);
+    }
+  };
+  auto e_of = [&](int u, int e_before) { // after the barrier that follows e_gather(u)
+    const int f = emax_s[u & 1];
+    return max(e_before, f ? min(max(f - 127 - E_HEADROOM, E_MIN), E_MAX) : E_MIN);
+  };
+  auto rf_store = [&](int u, int e) {
     if constexpr (REGS) {
-      rf.template store<KB>(Kbase + (u % NKB) * TILE, n4, q4, tscale);
+      if constexpr (CODES) {
+        rf.template store_codes<KB, HAS_E>(Kbase + (u % NKB) * TILE, n4, q4, pow2i(-e));
+        if (HAS_E && lt == 0) e_s[u & 1] = e;
+      } else rf.template store<KB>(Kbase + (u % NKB) * TILE, n4, q4, tscale);
       if (q4 == 0) tok_ok[(u % NKB) * KB + n4] = rf.ok;
     }
   };
@@ -517,9 +684,11 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   if constexpr (REGS) {
     rf_next = slot_fetch<1>(p, r, qi, k1, k0, n4);
     rf_load(0);
+    e_gather(0);
     __syncthreads(); // Q
-    rf_store(0);
-    if (niter > 1) rf_load(1);
+    if (HAS_E) e_cur = e_prev = e_nx = e_of(0, E_MIN);
+    rf_store(0, e_cur);
+    if (niter > 1) rf_load(1), e_gather(1);
   } else {
     lookup();
     issue_next(); // tile 0
@@ -545,7 +714,13 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       // warpgroups) are done; then tile u + 2's loads, while S(u) runs.
       if (u + 1 < niter) {
         if (u > 0) mla::bar_sync(BAR_LOADER, 256);
-        rf_store(u + 1);
+        if constexpr (HAS_E) {
+          e_nx = e_of(u + 1, e_cur);
+          // tile u's slot was read at iteration u - 1; tile u + 2's maxima
+          // arrive after P_FULL(u), which thread 0 reaches after this
+          if (lt == 0) emax_s[u & 1] = 0;
+        }
+        rf_store(u + 1, e_nx);
         mla::fence_proxy_async();
         mla::bar_arrive(BAR_FULL0 + nkb, NT);
         if (u + 2 < niter) rf_load(u + 2);
@@ -573,7 +748,9 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       mla::fence_regs(o);
       if (u >= 1 && u - 1 + NPB < niter) mla::bar_arrive(BAR_P_EMPTY0 + (u - 1) % NPB, NT);
     }
-    const float al[2] = {alpha_s[(u & 1) * MR + rA], alpha_s[(u & 1) * MR + rB]};
+    // codes mode: O was in units of 2^E(u - 1), now of 2^E(u)
+    const float eal = HAS_E ? pow2i(max(e_prev - e_cur, -126)) : 1.0f;
+    const float al[2] = {alpha_s[(u & 1) * MR + rA] * eal, alpha_s[(u & 1) * MR + rB] * eal};
     if (__any_sync(0xffffffffu, al[0] != 1.f || al[1] != 1.f)) {
 #pragma unroll
       for (int e = 0; e < 128; e++) o[e] *= al[(e >> 1) & 1];
@@ -583,9 +760,11 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
     mla::fence_regs(o);
     mla::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < KB / 16; kk++)
-      mla::wgmma_m64n256k16_bf16_tb(o, mla::wgmma_desc(p_addr + kk * 32, 16, 1024),
-                                    mla::wgmma_desc(v_addr + kk * 16 * 128, BLK_K, 1024), 1);
+    for (int kk = 0; kk < KB / 16; kk++) {
+      const uint64_t da = mla::wgmma_desc(p_addr + kk * 32, 16, 1024), db = mla::wgmma_desc(v_addr + kk * 16 * 128, BLK_K, 1024);
+      if constexpr (CODES) mla::wgmma_m64n256k16_f16_tb(o, da, db, 1);
+      else mla::wgmma_m64n256k16_bf16_tb(o, da, db, 1);
+    }
     mla::wgmma_commit();
     if (!STAGED) {
       if (!REGS && u + 1 < niter) {
@@ -597,6 +776,8 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       mla::fence_regs(o);
       if (!P_FREE && u + NPB < niter) mla::bar_arrive(BAR_P_EMPTY0 + pb, NT);
     }
+    if (HAS_E && u + 2 < niter) e_gather(u + 2);
+    e_prev = e_cur, e_cur = e_nx;
   }
   mla::wgmma_wait<0>();
   mla::fence_regs(o);
@@ -608,7 +789,8 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   for (int hh = 0; hh < 2; hh++) {
     const int row = hh ? rB : rA;
     if (row >= w.nrows) continue;
-    const float f = fin_s[row];
+    // codes mode: O in units of 2^E(last tile) and of the tensor scale
+    const float f = fin_s[row] * (HAS_E ? pow2i(e_prev) : 1.0f) * (CO::tensor ? tscale : 1.0f);
 #pragma unroll
     for (int j = 0; j < 32; j++) {
       const int col = (wgi - 1) * 256 + j * 8 + 2 * t4;

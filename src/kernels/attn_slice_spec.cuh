@@ -356,11 +356,6 @@ __device__ __forceinline__ void load_q16(const params &p, const mla_attn::cta_wo
   }
 }
 
-__device__ __forceinline__ uint32_t bf16x2_absmax(uint32_t w) {
-  const uint32_t a = w & 0x7FFFu, b = (w >> 16) & 0x7FFFu;
-  return max(a < 0x7F80u ? a : 0u, b < 0x7F80u ? b : 0u); // finite magnitudes only
-}
-
 template <class LS, int BK>
 __global__ void __launch_bounds__(NT, 2) attn_decode_slice_kernel(const __grid_constant__ params p) {
   constexpr mla_layout_desc D = LS::host;
@@ -421,10 +416,10 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_slice_kernel(const __grid_c
 #pragma unroll
       for (int nb = 0; nb < 2; nb++)
 #pragma unroll
-        for (int i = 0; i < 8; i++) mx = max(mx, bf16x2_absmax(qf[nb][i]));
+        for (int i = 0; i < 8; i++) mx = max(mx, mla_attn::bf16x2_absmax(qf[nb][i]));
     if (has_x && KX != SK_COPY)
 #pragma unroll
-      for (int nb = 0; nb < 2; nb++) mx = max(mx, max(bf16x2_absmax(qx[nb][0]), bf16x2_absmax(qx[nb][1])));
+      for (int nb = 0; nb < 2; nb++) mx = max(mx, max(mla_attn::bf16x2_absmax(qx[nb][0]), mla_attn::bf16x2_absmax(qx[nb][1])));
     mx = __reduce_max_sync(0xffffffffu, mx);
     if (lane == 0) qmax_w[warp] = mx;
   }

@@ -100,10 +100,32 @@ __device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t da
 #endif
 }
 
+/* The same on f16 operands. */
+__device__ __forceinline__ void wgmma_m64n64k16_f16(float (&d)[32], uint64_t da, uint64_t db, int scale_d) {
+#if MLA_HAVE_WGMMA
+  asm volatile(MLA_WGMMA_PRED(34) "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MLA_WGMMA_D32 ", " "%32, %33, p, 1, 1, 0, 0;\n}\n"
+               : MLA_WGMMA_F32(d, 0)
+               : "l"(da), "l"(db), "r"(scale_d));
+#else
+  __trap();
+#endif
+}
+
 /* d += A (64 x 16, K-major) B (16 x 256, MN-major); scale_d = 0 overwrites d. */
 __device__ __forceinline__ void wgmma_m64n256k16_bf16_tb(float (&d)[128], uint64_t da, uint64_t db, int scale_d) {
 #if MLA_HAVE_WGMMA
   asm volatile(MLA_WGMMA_PRED(130) "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " MLA_WGMMA_D128 ", " "%128, %129, p, 1, 1, 0, 1;\n}\n"
+               : MLA_WGMMA_F128(d)
+               : "l"(da), "l"(db), "r"(scale_d));
+#else
+  __trap();
+#endif
+}
+
+/* The same on f16 operands. */
+__device__ __forceinline__ void wgmma_m64n256k16_f16_tb(float (&d)[128], uint64_t da, uint64_t db, int scale_d) {
+#if MLA_HAVE_WGMMA
+  asm volatile(MLA_WGMMA_PRED(130) "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " MLA_WGMMA_D128 ", " "%128, %129, p, 1, 1, 0, 1;\n}\n"
                : MLA_WGMMA_F128(d)
                : "l"(da), "l"(db), "r"(scale_d));
 #else
