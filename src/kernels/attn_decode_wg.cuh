@@ -688,7 +688,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
     __syncthreads(); // Q
     if (HAS_E) e_cur = e_prev = e_nx = e_of(0, E_MIN);
     rf_store(0, e_cur);
-    if (niter > 1) rf_load(1), e_gather(1);
+    if (niter > 1) rf_load(1);
   } else {
     lookup();
     issue_next(); // tile 0
@@ -713,7 +713,10 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       // u - 1, whose S (P_FULL(u - 1) seen) and P V (waited for by both
       // warpgroups) are done; then tile u + 2's loads, while S(u) runs.
       if (u + 1 < niter) {
-        if (u > 0) mla::bar_sync(BAR_LOADER, 256);
+        // tile 1's scale maxima are gathered here, not in the prologue, so
+        // that S(0) does not wait for tile 1's loads
+        if (HAS_E && u == 0) e_gather(1);
+        if (u > 0 || HAS_E) mla::bar_sync(BAR_LOADER, 256);
         if constexpr (HAS_E) {
           e_nx = e_of(u + 1, e_cur);
           // tile u's slot was read at iteration u - 1; tile u + 2's maxima
