@@ -618,6 +618,16 @@ describe("attention baked specialized kernels", function()
     end
   end)
 
+  it("scores rising far past the first tiles' max (the lazy rescale moves), 16 rows #gpu", function()
+    for k, name in ipairs { "fp8_ds_mla", "fp8_v4", "fp8_pertensor" } do
+      mla.manual_seed(1160 + k)
+      local case = C.dense { layout = name, b = 2, s_q = 1, h_q = 16, lens = { 1500, 700 }, kv_ramp = { -8, 0 }, tensor_scale = 0.5 }
+      for _, splits in ipairs { 1, 3 } do
+        both(case, { splits = splits, scale = case.layout.k_dims ^ -0.5 * 32 }, DENSE_OUT, SPEC_VARIANT[name])
+      end
+    end
+  end)
+
   it("are chosen by descriptor equality, not by name: a renamed copy is served, other descriptors are not #gpu", function()
     local base = mla.layout.get("fp8_ds_mla")
     local cases = {
@@ -708,6 +718,16 @@ describe("attention baked wgmma kernel (64-row tiles)", function()
       mla.manual_seed(1100 + k)
       local case = C.dense { layout = c[1], b = 2, s_q = 1, h_q = 128, lens = { 1500, 700 }, kv_ramp = c[2], tensor_scale = 0.5 }
       for _, splits in ipairs { 1, 3 } do both(case, { splits = splits }, DENSE_OUT) end
+    end
+  end)
+
+  -- Lazy rescaling: the running max moves only when a score passes it by more than 2^8; rows
+  -- whose scores grow ~2^50 along the request move it several times within a split.
+  it("scores rising far past the first tiles' max (the lazy rescale moves), one split and three #gpu", function()
+    for k, name in ipairs { "bf16", "fp8_ds_mla", "fp8_v4", "fp8_pertensor" } do
+      mla.manual_seed(1130 + k)
+      local case = C.dense { layout = name, b = 2, s_q = 1, h_q = 128, lens = { 1500, 700 }, kv_ramp = { -8, 0 }, tensor_scale = 0.5 }
+      for _, splits in ipairs { 1, 3 } do both(case, { splits = splits, scale = case.layout.k_dims ^ -0.5 * 32 }, DENSE_OUT) end
     end
   end)
 

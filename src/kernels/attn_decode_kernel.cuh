@@ -41,6 +41,17 @@ template <int MR> struct shape {
 // into the page and in-page offset (page -1: no key, a -1 index, a page or
 // slot outside the cache). Keys of one problem count in int32 (lengths,
 // top-k and block tables are int32). TB: keys per tile.
+// Lazy rescaling in the online softmax (FlashAttention-4's conditional
+// rescale; the wgmma and slice kernels): the running max moves, and O is
+// rescaled, only when a score passes it by more than this (log2), so the
+// weights stay below 2^8.
+constexpr float RESCALE_LOG2 = 8.0f;
+
+// x / bs for x >= 0: a shift for the usual power-of-two page sizes (a
+// uniform branch; the division is ~25 instructions per key and thread).
+__device__ __forceinline__ int div_block(int x, int bs) {
+  return (bs & (bs - 1)) == 0 ? x >> (__ffs(bs) - 1) : x / bs;
+}
 struct slot_entry {
   int off, raw; // off -1: no key; dense: the in-page offset and the block-table entry; sparse: the index
 };
@@ -49,7 +60,7 @@ __device__ __forceinline__ slot_entry slot_fetch(const params &p, int r, int qi,
   const int k = tile * TB + n;
   if (k >= nkeys) return {-1, -1};
   if (!p.sparse) {
-    const int blk = k / p.d.block_size;
+    const int blk = div_block(k, p.d.block_size);
     if (blk >= p.max_blocks) return {-1, -1};
     return {k - blk * p.d.block_size, __ldg(p.block_table + (int64_t)r * p.max_blocks + blk)};
   }
@@ -64,7 +75,7 @@ __device__ __forceinline__ void slot_resolve(const params &p, slot_entry e, int 
     page = e.raw, off = e.off;
   } else {
     if ((int64_t)e.raw >= p.v.num_pages * bs) return;
-    page = e.raw / bs, off = e.raw - page * bs;
+    page = div_block(e.raw, bs), off = e.raw - page * bs;
   }
 }
 // Both steps at once.

@@ -541,13 +541,20 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
         s[e] = ok ? s[e] * fac : -CUDART_INF_F;
         mx[hh] = fmaxf(mx[hh], s[e]);
       }
+      // Lazy rescaling (FlashAttention-4's conditional rescale): the running
+      // max moves only when a score passes it by more than RESCALE_LOG2, so
+      // most tiles leave O alone (alpha = 1 skips the P V warpgroups' 128
+      // multiplies); P then reaches up to 2^RESCALE_LOG2, exact enough in
+      // f16 / bf16 and far from their range.
       float alpha[2], base[2];
 #pragma unroll
       for (int hh = 0; hh < 2; hh++) {
         const float m = fmaxf(m_run[hh], quad_max(mx[hh]));
-        alpha[hh] = m_run[hh] == -CUDART_INF_F ? 0.f : exp2f(m_run[hh] - m);
-        base[hh] = m == -CUDART_INF_F ? 0.f : m;
-        m_run[hh] = m;
+        if (m_run[hh] == -CUDART_INF_F || m > m_run[hh] + RESCALE_LOG2) {
+          alpha[hh] = m_run[hh] == -CUDART_INF_F ? 0.f : exp2f(m_run[hh] - m);
+          base[hh] = m == -CUDART_INF_F ? 0.f : m;
+          m_run[hh] = m;
+        } else alpha[hh] = 1.f, base[hh] = m_run[hh];
       }
       uint32_t pf[KB / 4]; // P as bf16 pairs: pf[2j + hh] = row hh, keys 8j + 2t4..
       float ps[2] = {0.f, 0.f}, pr[2] = {0.f, 0.f};

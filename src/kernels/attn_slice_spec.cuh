@@ -515,7 +515,11 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_slice_kernel(const __grid_c
         }
         mx = fmaxf(mx, s[i]);
       }
-      const float mnew = fmaxf(m_run[rr], warp_max(mx));
+      // lazy rescaling, as in the wgmma kernel: the max moves (and O is
+      // rescaled) only when a score passes it by more than RESCALE_LOG2
+      const float mcand = fmaxf(m_run[rr], warp_max(mx));
+      const bool move = m_run[rr] == -CUDART_INF_F || mcand > m_run[rr] + mla_attn::RESCALE_LOG2;
+      const float mnew = move ? mcand : m_run[rr];
       const float base = mnew == -CUDART_INF_F ? 0.f : mnew;
       float sum = 0.f;
 #pragma unroll
@@ -524,7 +528,7 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_slice_kernel(const __grid_c
         if (BK % 32 == 0 || lane + 32 * i < BK) Ps[row * PPK + lane + 32 * i] = pv;
         sum += pv;
       }
-      const float alpha = m_run[rr] == -CUDART_INF_F ? 0.f : exp2f(m_run[rr] - mnew);
+      const float alpha = m_run[rr] == -CUDART_INF_F ? 0.f : move ? exp2f(m_run[rr] - mnew) : 1.f;
       l_run[rr] = l_run[rr] * alpha + warp_sum(sum);
       m_run[rr] = mnew;
       if (lane == 0) alpha_s[row] = alpha;
