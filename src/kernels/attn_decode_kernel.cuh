@@ -48,25 +48,28 @@ template <int MR> struct shape {
 constexpr float RESCALE_LOG2 = 8.0f;
 
 // x / bs for x >= 0: a shift for the usual power-of-two page sizes (a
-// uniform branch; the division is ~25 instructions per key and thread).
-__device__ __forceinline__ int div_block(int x, int bs) {
-  return (bs & (bs - 1)) == 0 ? x >> (__ffs(bs) - 1) : x / bs;
+// uniform branch; the division is ~25 instructions per key and thread). BS:
+// the page size when the kernel is compiled for one (specialized layouts),
+// else 0.
+template <int BS = 0> __device__ __forceinline__ int div_block(int x, int bs) {
+  if constexpr (BS > 0) return x / BS;
+  else return (bs & (bs - 1)) == 0 ? x >> (__ffs(bs) - 1) : x / bs;
 }
 struct slot_entry {
   int off, raw; // off -1: no key; dense: the in-page offset and the block-table entry; sparse: the index
 };
-template <int TB = BN>
+template <int TB = BN, int BS = 0>
 __device__ __forceinline__ slot_entry slot_fetch(const params &p, int r, int qi, int nkeys, int tile, int n) {
   const int k = tile * TB + n;
   if (k >= nkeys) return {-1, -1};
   if (!p.sparse) {
-    const int blk = div_block(k, p.d.block_size);
+    const int blk = div_block<BS>(k, p.d.block_size);
     if (blk >= p.max_blocks) return {-1, -1};
     return {k - blk * p.d.block_size, __ldg(p.block_table + (int64_t)r * p.max_blocks + blk)};
   }
   return {0, __ldg(p.indices + ((int64_t)r * p.s_q + qi) * p.topk + k)};
 }
-__device__ __forceinline__ void slot_resolve(const params &p, slot_entry e, int &page, int &off) {
+template <int BS = 0> __device__ __forceinline__ void slot_resolve(const params &p, slot_entry e, int &page, int &off) {
   const int bs = p.d.block_size;
   page = -1, off = 0;
   if (e.off < 0 || e.raw < 0) return;
@@ -75,13 +78,13 @@ __device__ __forceinline__ void slot_resolve(const params &p, slot_entry e, int 
     page = e.raw, off = e.off;
   } else {
     if ((int64_t)e.raw >= p.v.num_pages * bs) return;
-    page = div_block(e.raw, bs), off = e.raw - page * bs;
+    page = div_block<BS>(e.raw, bs), off = e.raw - page * bs;
   }
 }
 // Both steps at once.
-template <int TB = BN>
+template <int TB = BN, int BS = 0>
 __device__ __forceinline__ void token_of(const params &p, int r, int qi, int nkeys, int tile, int n, int &page, int &off) {
-  slot_resolve(p, slot_fetch<TB>(p, r, qi, nkeys, tile, n), page, off);
+  slot_resolve<BS>(p, slot_fetch<TB, BS>(p, r, qi, nkeys, tile, n), page, off);
 }
 
 // One token row of `nch` chunks of G bytes, chunks j, j + 8, ... of it.

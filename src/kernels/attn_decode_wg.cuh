@@ -16,9 +16,10 @@
 //     loads its share of one key's token row into registers a tile ahead and,
 //     before waiting for P, converts it into the other K buffer, so the
 //     conversion of tile u + 1 overlaps S(u) and P V(u) overlaps S(u + 1)
-//     (KB = 64, two tiles, no raw stage). Layouts whose value dims are all
-//     e4m3 (fp8_ds_mla, fp8_pertensor) run in codes mode (rf_codes_ok): f16
-//     K tiles of code x f16(s / 2^E), f16 Q and P; the others convert to bf16.
+//     (KB = 64, two tiles, no raw stage). The fp8 built-ins run in codes
+//     mode (rf_codes_ok): f16 K blocks of code x f16(s / 2^E), f16 Q and P;
+//     bf16 RoPE blocks (and for fp8_v4 one e4m3 block, see rf_codes_lead)
+//     stay bf16, with a bf16 twin of P for those value dims.
 //   WG_STAGED: other layouts: raw bytes in a stage (KB = 32, three bf16
 //     tiles) dequantized through the layout's chunk plans (mla/dequant_chunk.cuh).
 // setmaxnreg moves registers from warpgroup 0 to the accumulator holders.
@@ -43,7 +44,7 @@ constexpr int NT = 384; // three warpgroups: S and softmax; P V (and loads) for 
 // Per-thread registers after setmaxnreg. An increase is served only from what
 // warpgroups of the same CTA released: 128 (168 - REG_S) >= 256 (REG_PV - 168),
 // 168 being the launch budget of 384 threads; else the increase waits forever.
-constexpr int REG_LAUNCH = 168, REG_S = 96, REG_PV = 200;
+constexpr int REG_LAUNCH = 168, REG_S = 104, REG_PV = 200;
 static_assert(128 * (REG_LAUNCH - REG_S) >= 256 * (REG_PV - REG_LAUNCH), "setmaxnreg: more registers asked than released");
 constexpr int BLK_Q = MR * 128; // one 64-row x 64-dim swizzled block of bf16
 
@@ -81,7 +82,9 @@ template <int DQK> __host__ __device__ constexpr smem_plan make_smem_plan(int mo
   int o = 0;
   s.q = o, o += DQK / 64 * BLK_Q;
   s.k = o, o += k_buffers(mode) * (DQK / 64) * kb * 128;
-  s.p = o, o += p_in_k(mode, DQK) ? 0 : p_buffers(mode) * BLK_Q; // 64 rows x 128 bytes; kb = 32 uses half of each row
+  // 64 rows x 128 bytes (kb = 32 uses half of each row); register-fed: a bf16
+  // twin of each P tile for layouts with bf16 value dims (codes_of::mixed)
+  s.p = o, o += p_in_k(mode, DQK) ? 0 : p_buffers(mode) * BLK_Q * (mode == WG_REGS ? 2 : 1);
   s.raw = o, o += staged ? (kb * stage_pitch + 15) / 16 * 16 : 0;
   s.raw_ok = o, o += staged ? kb * 4 : 0;
   s.plan = o, o += staged ? DQK / 8 * 16 : 0;
@@ -243,22 +246,41 @@ __host__ __device__ constexpr int rf_scale_count(const mla_layout_desc &d, int d
 // 2^-E (exact). S runs on f16 operands (bf16 for bf16 dims) and P V on f16
 // P; Q's power of two, 2^E and a tensor scale fold into the softmax factor and
 // the output. Tensor-scaled and per-key-scaled blocks do not mix (one fold).
+// e4m3 blocks leading P V warpgroup w's four value blocks
+__host__ __device__ constexpr int rf_f16_lead(const mla_layout_desc &d, int w) {
+  int n = 0;
+  while (n < 4 && mla_attn_spec::is_fp8_kind(rf_pair(d, 4 * w + n).kind)) n++;
+  return n;
+}
+// Value blocks [0, lead) of each P V warpgroup are f16 (n64 x lead), the
+// rest bf16, the same split in both so that they run one instruction
+// sequence (a wgmma shape chosen per warpgroup at run time makes ptxas
+// serialize every wgmma): fp8_v4's RoPE block makes block 3 bf16 too.
+__host__ __device__ constexpr int rf_codes_lead(const mla_layout_desc &d) {
+  return rf_f16_lead(d, 0) < rf_f16_lead(d, 1) ? rf_f16_lead(d, 0) : rf_f16_lead(d, 1);
+}
 __host__ __device__ constexpr bool rf_codes_ok(const mla_layout_desc &d, int dqk) {
   using namespace mla_attn_spec;
   if (!rf_ok(d, dqk)) return false;
   int tensor = 0, other = 0;
   for (int i = 0; i < dqk / 64; i++) {
     const int k = rf_pair(d, i).kind;
-    if (!is_fp8_kind(k) && (i < DV / 64 || k != SK_COPY)) return false;
+    if (!is_fp8_kind(k) && k != SK_COPY) return false;
     if (is_fp8_kind(k)) (k == SK_FP8_TENSOR ? tensor : other)++;
+    // bf16 value dims take P as bf16 too: a second P tile, which fits
+    // beside 512-dim K only
+    if (i < DV / 64 && k == SK_COPY && dqk != DV) return false;
   }
-  return !(tensor && other);
+  const int lead = rf_codes_lead(d);
+  return (lead == 0 || lead == 3 || lead == 4) && !(tensor && other);
 }
-// bit i: 64-dim block i holds e4m3 codes (f16 in the K tile)
+// bit i: 64-dim block i is f16 (e4m3 codes) in the K tile; other e4m3 blocks
+// are converted to bf16 (code x s x 2^-E, rounded once)
 __host__ __device__ constexpr unsigned rf_f16_blocks(const mla_layout_desc &d, int dqk) {
   unsigned m = 0;
+  const int lead = rf_codes_lead(d);
   for (int i = 0; i < dqk / 64; i++)
-    if (mla_attn_spec::is_fp8_kind(rf_pair(d, i).kind)) m |= 1u << i;
+    if (mla_attn_spec::is_fp8_kind(rf_pair(d, i).kind) && (i >= DV / 64 || i % 4 < lead)) m |= 1u << i;
   return m;
 }
 __host__ __device__ constexpr bool rf_tensor_scaled(const mla_layout_desc &d, int dqk) {
@@ -341,7 +363,13 @@ template <class LS, int DQK> struct rf_key {
       constexpr int i = decltype(ic)::value;
       constexpr rf_chunk a0 = rf_pair(LS::host, i);
       uint4 v0 = d[i][0], v1 = d[i][1];
-      if constexpr (is_fp8_kind(a0.kind)) {
+      if constexpr (is_fp8_kind(a0.kind) && !((rf_f16_blocks(LS::host, DQK) >> i) & 1)) {
+        float s = 1.0f; // a bf16 value block of a mixed layout: code x s x 2^-E, rounded once
+        if constexpr (a0.kind == SK_FP8_F32) s = __uint_as_float(sc[rf_scale_slot(LS::host, i)]);
+        else if constexpr (a0.kind == SK_FP8_UE8M0) s = mla_decode_scale(MLA_UE8M0, sc[rf_scale_slot(LS::host, i)]);
+        v0 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].x, d[i][0].y), s * ef);
+        v1 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].z, d[i][0].w), s * ef);
+      } else if constexpr (is_fp8_kind(a0.kind)) {
         const uint32_t w[4] = {d[i][0].x, d[i][0].y, d[i][0].z, d[i][0].w};
         uint32_t h[8];
 #pragma unroll
@@ -391,14 +419,22 @@ template <class LS, int DQK> constexpr bool rf_allowed() {
 }
 // codes mode (see rf_codes_ok): layout facts, all false / 0 off it
 template <class LS, int DQK, bool NONE = std::is_void<LS>::value> struct codes_of {
-  static constexpr bool on = false, has_e = false, tensor = false;
+  static constexpr bool on = false, has_e = false, tensor = false, mixed = false;
   static constexpr unsigned f16_blocks = 0;
+  static constexpr int lead = 4;
 };
 template <class LS, int DQK> struct codes_of<LS, DQK, false> {
   static constexpr bool on = rf_codes_ok(LS::host, DQK);
   static constexpr bool has_e = on && rf_scale_count(LS::host, DQK) > 0, tensor = on && rf_tensor_scaled(LS::host, DQK);
   static constexpr unsigned f16_blocks = on ? rf_f16_blocks(LS::host, DQK) : 0u;
+  static constexpr int lead = on ? rf_codes_lead(LS::host) : 4;
+  static constexpr bool mixed = on && lead < 4; // bf16 value dims: a bf16 twin of each P tile
 };
+// page size a specialized layout is compiled for (0: none)
+template <class LS> constexpr int rf_block_size() {
+  if constexpr (std::is_void<LS>::value) return 0;
+  else return LS::host.block_size;
+}
 template <class LS, int DQK, bool ON> struct rf_holder { using type = rf_key<LS, DQK>; };
 template <class LS, int DQK> struct rf_holder<LS, DQK, false> { struct type {}; };
 
@@ -426,7 +462,8 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   constexpr bool P_FREE = REGS;
   constexpr bool RSUM = MODE != WG_BF16; // normalize by the sum of the rounded P (plain bf16 rows: no dequant error to leave room for)
   using CO = codes_of<LS, DQK>;
-  constexpr bool CODES = CO::on, HAS_E = CO::has_e; // see rf_codes_ok
+  constexpr bool CODES = CO::on, HAS_E = CO::has_e, MIXED = CO::mixed; // see rf_codes_ok
+  static_assert(!MIXED || !PK, "a bf16 P twin needs P tiles of its own");
   extern __shared__ __align__(16) unsigned char smem_window[];
   unsigned char *smem = smem_window + ((1024 - (mla::smem_addr(smem_window) & 1023)) & 1023);
   const smem_plan L = make_smem_plan<DQK>(MODE, p.stage_pitch);
@@ -443,6 +480,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   auto p_tile = [&](int u) {
     return PK ? Kbase + (u % NKB) * TILE + (DV / 64) * BLK_K : Pbase + (u % NPB) * BLK_Q;
   };
+  auto p_twin = [&](int u) { return Pbase + (NPB + u % NPB) * BLK_Q; }; // MIXED: bf16 P
   float *fin_s = reinterpret_cast<float *>(smem + L.fin);
   int *tok_ok = reinterpret_cast<int *>(smem + L.tok_ok);
   int *qmax_w = reinterpret_cast<int *>(smem + L.misc), *emax_s = qmax_w + 16, *e_s = qmax_w + 18;
@@ -567,6 +605,8 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
           // uses (bf16), so it is their exact average (rows near FlashMLA's cosine
           // bound need it); the LSE keeps the unrounded sum
           const uint32_t pk = CODES ? mla::pack_f16x2(p0, p1) : mla::pack_bf16x2(p0, p1);
+          if constexpr (MIXED) // P tile u's twin is free as the tile is (P_FREE)
+            *reinterpret_cast<uint32_t *>(p_twin(u) + mla::sw128_off(MR, hh ? rB : rA, j) + 4 * t4) = mla::pack_bf16x2(p0, p1);
           ps[hh] += p0 + p1;
           if constexpr (CODES) {
             const float2 pq = __half22float2(*reinterpret_cast<const __half2 *>(&pk));
@@ -659,9 +699,9 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   auto rf_load = [&](int u) {
     if constexpr (REGS) {
       int page, off;
-      slot_resolve(p, rf_next, page, off);
+      slot_resolve<REGS ? rf_block_size<LS>() : 0>(p, rf_next, page, off);
       rf.load(p, page, off, q4);
-      rf_next = slot_fetch<1>(p, r, qi, k1, k0 + (u + 1) * KB, n4);
+      rf_next = slot_fetch<1, rf_block_size<LS>()>(p, r, qi, k1, k0 + (u + 1) * KB, n4);
     }
   };
   // Codes mode: E of tiles u - 1, u and u + 1 at iteration u (the split's
@@ -689,7 +729,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   };
 
   if constexpr (REGS) {
-    rf_next = slot_fetch<1>(p, r, qi, k1, k0, n4);
+    rf_next = slot_fetch<1, rf_block_size<LS>()>(p, r, qi, k1, k0, n4);
     rf_load(0);
     e_gather(0);
     __syncthreads(); // Q
@@ -772,7 +812,16 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
 #pragma unroll
     for (int kk = 0; kk < KB / 16; kk++) {
       const uint64_t da = mla::wgmma_desc(p_addr + kk * 32, 16, 1024), db = mla::wgmma_desc(v_addr + kk * 16 * 128, BLK_K, 1024);
-      if constexpr (CODES) mla::wgmma_m64n256k16_f16_tb(o, da, db, 1);
+      if constexpr (MIXED) {
+        // codes mode with bf16 value dims: e4m3 blocks lead, bf16 ones take the twin P
+        const uint64_t dt = mla::wgmma_desc(mla::smem_addr(p_twin(u)) + kk * 32, 16, 1024);
+        if constexpr (CO::lead == 4) mla::wgmma_m64n256k16_f16_tb(o, da, db, 1);
+        else if constexpr (CO::lead == 0) mla::wgmma_m64n256k16_bf16_tb(o, dt, db, 1);
+        else {
+          mla::wgmma_m64n192k16_f16_tb<0>(o, da, db, 1);
+          mla::wgmma_m64n64k16_bf16_tb<96>(o, dt, mla::wgmma_desc(v_addr + 3 * BLK_K + kk * 16 * 128, BLK_K, 1024), 1);
+        }
+      } else if constexpr (CODES) mla::wgmma_m64n256k16_f16_tb(o, da, db, 1);
       else mla::wgmma_m64n256k16_bf16_tb(o, da, db, 1);
     }
     mla::wgmma_commit();

@@ -294,7 +294,7 @@ __device__ __forceinline__ void key_rows(const params &p, const mla_attn::cta_wo
                                          int64_t &a1) {
   constexpr mla_layout_desc D = LS::host;
   int page, off;
-  mla_attn::token_of<BK>(p, w.r, w.qi, w.nkeys, tile, n, page, off);
+  mla_attn::token_of<BK, LS::host.block_size>(p, w.r, w.qi, w.nkeys, tile, n, page, off); // specialized: compiled for its page size
   ok = page >= 0;
   const int64_t pb = (int64_t)(uintptr_t)p.v.base + (ok ? (int64_t)page * p.v.page_stride : 0);
   a0 = ok ? pb + D.region_off[0] + (int64_t)off * p.v.token_stride : 0;

@@ -72,6 +72,7 @@ __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.ar
 #define MLA_WGMMA_D16 "{" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" "}"
 #define MLA_WGMMA_D32 "{" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" "}"
 #define MLA_WGMMA_D128 "{" "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" "}"
+#define MLA_WGMMA_D96 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}"
 #define MLA_WGMMA_F8(d, i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), "+f"(d[i + 6]), "+f"(d[i + 7])
 #define MLA_WGMMA_F32(d, i) MLA_WGMMA_F8(d, i), MLA_WGMMA_F8(d, i + 8), MLA_WGMMA_F8(d, i + 16), MLA_WGMMA_F8(d, i + 24)
 #define MLA_WGMMA_F128(d) MLA_WGMMA_F32(d, 0), MLA_WGMMA_F32(d, 32), MLA_WGMMA_F32(d, 64), MLA_WGMMA_F32(d, 96)
@@ -127,6 +128,28 @@ __device__ __forceinline__ void wgmma_m64n256k16_f16_tb(float (&d)[128], uint64_
 #if MLA_HAVE_WGMMA
   asm volatile(MLA_WGMMA_PRED(130) "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " MLA_WGMMA_D128 ", " "%128, %129, p, 1, 1, 0, 1;\n}\n"
                : MLA_WGMMA_F128(d)
+               : "l"(da), "l"(db), "r"(scale_d));
+#else
+  __trap();
+#endif
+}
+
+/* Slices of a 64 x 256 accumulator (d[OFF, OFF + N / 2) holds columns
+ * [OFF * 2, OFF * 2 + N)), for value dims whose operand type changes:
+ * d += A (64 x 16, K-major) B (16 x N, MN-major). */
+template <int OFF> __device__ __forceinline__ void wgmma_m64n192k16_f16_tb(float (&d)[128], uint64_t da, uint64_t db, int scale_d) {
+#if MLA_HAVE_WGMMA
+  asm volatile(MLA_WGMMA_PRED(98) "wgmma.mma_async.sync.aligned.m64n192k16.f32.f16.f16 " MLA_WGMMA_D96 ", " "%96, %97, p, 1, 1, 0, 1;\n}\n"
+               : MLA_WGMMA_F32(d, OFF), MLA_WGMMA_F32(d, OFF + 32), MLA_WGMMA_F32(d, OFF + 64)
+               : "l"(da), "l"(db), "r"(scale_d));
+#else
+  __trap();
+#endif
+}
+template <int OFF> __device__ __forceinline__ void wgmma_m64n64k16_bf16_tb(float (&d)[128], uint64_t da, uint64_t db, int scale_d) {
+#if MLA_HAVE_WGMMA
+  asm volatile(MLA_WGMMA_PRED(34) "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " MLA_WGMMA_D32 ", " "%32, %33, p, 1, 1, 0, 1;\n}\n"
+               : MLA_WGMMA_F32(d, OFF)
                : "l"(da), "l"(db), "r"(scale_d));
 #else
   __trap();
