@@ -291,16 +291,6 @@ __host__ __device__ constexpr bool rf_tensor_scaled(const mla_layout_desc &d, in
 // Headroom below the largest scale: codes (< 2^9) x f16(s x 2^-E) < 2^15.
 constexpr int E_HEADROOM = 5, E_MIN = -64, E_MAX = 64;
 
-__device__ __forceinline__ uint32_t hmul2_f16(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-__device__ __forceinline__ uint32_t hmul2_bf16(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("mul.rn.bf16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
 // 2^x for an integer x in [-126, 127]
 __device__ __forceinline__ float pow2i(int x) { return __uint_as_float((uint32_t)(127 + x) << 23); }
 
@@ -380,12 +370,12 @@ template <class LS, int DQK> struct rf_key {
           else if constexpr (a0.kind == SK_FP8_UE8M0) s = mla_decode_scale(MLA_UE8M0, sc[rf_scale_slot(LS::host, i)]);
           const uint32_t s2 = mla::pack_f16x2(s * ef, s * ef);
 #pragma unroll
-          for (int j = 0; j < 8; j++) h[j] = hmul2_f16(h[j], s2);
+          for (int j = 0; j < 8; j++) h[j] = mla::mul_f16x2(h[j], s2);
         }
         v0 = make_uint4(h[0], h[1], h[2], h[3]), v1 = make_uint4(h[4], h[5], h[6], h[7]);
       } else if constexpr (a0.kind == SK_COPY && HAS_E) {
-        v0 = make_uint4(hmul2_bf16(v0.x, eb2), hmul2_bf16(v0.y, eb2), hmul2_bf16(v0.z, eb2), hmul2_bf16(v0.w, eb2));
-        v1 = make_uint4(hmul2_bf16(v1.x, eb2), hmul2_bf16(v1.y, eb2), hmul2_bf16(v1.z, eb2), hmul2_bf16(v1.w, eb2));
+        v0 = make_uint4(mla::mul_bf16x2(v0.x, eb2), mla::mul_bf16x2(v0.y, eb2), mla::mul_bf16x2(v0.z, eb2), mla::mul_bf16x2(v0.w, eb2));
+        v1 = make_uint4(mla::mul_bf16x2(v1.x, eb2), mla::mul_bf16x2(v1.y, eb2), mla::mul_bf16x2(v1.z, eb2), mla::mul_bf16x2(v1.w, eb2));
       }
       *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, rf_chunk_index(i, q, 0))) = v0;
       *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, rf_chunk_index(i, q, 1))) = v1;
@@ -524,7 +514,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       if ((CO::f16_blocks >> (c / 8)) & 1)
         v = make_uint4(bf16x2_to_f16x2(v.x, qs), bf16x2_to_f16x2(v.y, qs), bf16x2_to_f16x2(v.z, qs), bf16x2_to_f16x2(v.w, qs));
       else if (qk)
-        v = make_uint4(hmul2_bf16(v.x, qb2), hmul2_bf16(v.y, qb2), hmul2_bf16(v.z, qb2), hmul2_bf16(v.w, qb2));
+        v = make_uint4(mla::mul_bf16x2(v.x, qb2), mla::mul_bf16x2(v.y, qb2), mla::mul_bf16x2(v.z, qb2), mla::mul_bf16x2(v.w, qb2));
       *at = v;
     }
   }
