@@ -238,14 +238,15 @@ __host__ __device__ constexpr int rf_scale_count(const mla_layout_desc &d, int d
   return n;
 }
 
-// Codes mode: register-fed layouts whose value dims are all e4m3 and whose
-// other dims are e4m3 or bf16. K tiles hold each e4m3 code times f16(s x
-// 2^-E), E the split's running maximum scale exponent plus headroom, so a
-// value pair costs one conversion and one f16 multiply (the bf16 path: an
-// f32 round trip, three instructions per value); bf16 dims are multiplied by
-// 2^-E (exact). S runs on f16 operands (bf16 for bf16 dims) and P V on f16
-// P; Q's power of two, 2^E and a tensor scale fold into the softmax factor and
-// the output. Tensor-scaled and per-key-scaled blocks do not mix (one fold).
+// Codes mode: register-fed layouts whose dims are e4m3 or bf16. K tiles hold
+// each e4m3 code times f16(s x 2^-E), E the split's running maximum scale
+// exponent plus headroom, so a value pair costs one conversion and one f16
+// multiply (the bf16 path: an f32 round trip, three instructions per value);
+// bf16 dims are multiplied by 2^-E (exact). S runs on f16 operands (bf16 for
+// bf16 dims) and P V on f16 P (a bf16 twin for bf16 value dims; the output is
+// normalized by the f16-rounded sum); Q's power of two, 2^E and a tensor
+// scale fold into the softmax factor and the output. Tensor-scaled and
+// per-key-scaled blocks do not mix (one fold).
 // e4m3 blocks leading P V warpgroup w's four value blocks
 __host__ __device__ constexpr int rf_f16_lead(const mla_layout_desc &d, int w) {
   int n = 0;
