@@ -35,17 +35,26 @@ template <int MR> struct shape {
   static_assert(SW <= NW && SCG <= 4, "one 16-row S tile per S warp, at most 4 column groups");
 };
 
-// A key's slot in two steps, so that a caller can have the block-table or
-// index entry's load in flight before it needs the slot: slot_fetch loads the
-// entry of key n of tile `tile` (off = -1: past the keys), slot_resolve turns it
-// into the page and in-page offset (page -1: no key, a -1 index, a page or
-// slot outside the cache). Keys of one problem count in int32 (lengths,
-// top-k and block tables are int32). TB: keys per tile.
 // Lazy rescaling in the online softmax (FlashAttention-4's conditional
 // rescale; the wgmma and slice kernels): the running max moves, and O is
 // rescaled, only when a score passes it by more than this (log2), so the
 // weights stay below 2^8.
 constexpr float RESCALE_LOG2 = 8.0f;
+
+// A row's running max m_run after a tile whose scores reach m (m_run
+// included): returns the factor O and the row sum are rescaled by (0 before
+// any key, 1 while the max stays) and sets base, what the tile's scores are
+// weighted against.
+__device__ __forceinline__ float online_max(float &m_run, float m, float &base) {
+  if (m_run == -CUDART_INF_F || m > m_run + RESCALE_LOG2) {
+    const float alpha = m_run == -CUDART_INF_F ? 0.f : exp2f(m_run - m);
+    base = m == -CUDART_INF_F ? 0.f : m;
+    m_run = m;
+    return alpha;
+  }
+  base = m_run;
+  return 1.f;
+}
 
 // x / bs for x >= 0: a shift for the usual power-of-two page sizes (a
 // uniform branch; the division is ~25 instructions per key and thread). BS:
@@ -55,6 +64,13 @@ template <int BS = 0> __device__ __forceinline__ int div_block(int x, int bs) {
   if constexpr (BS > 0) return x / BS;
   else return (bs & (bs - 1)) == 0 ? x >> (__ffs(bs) - 1) : x / bs;
 }
+
+// A key's slot in two steps, so that a caller can have the block-table or
+// index entry's load in flight before it needs the slot: slot_fetch loads the
+// entry of key n of tile `tile` (off = -1: past the keys), slot_resolve turns it
+// into the page and in-page offset (page -1: no key, a -1 index, a page or
+// slot outside the cache). Keys of one problem count in int32 (lengths,
+// top-k and block tables are int32). TB: keys per tile.
 struct slot_entry {
   int off, raw; // off -1: no key; dense: the in-page offset and the block-table entry; sparse: the index
 };
@@ -179,14 +195,14 @@ template <int DQK> __device__ __forceinline__ int qfrag_off(int pair, int c) { r
 
 __device__ __forceinline__ uint16_t to_bf16_bits(float x) { return __bfloat16_as_ushort(__float2bfloat16_rn(x)); }
 
-// Two bf16 (lo, hi) times s as f16x2, round to nearest (exact for a power-of-two s
-// that keeps the values in f16's normal range).
-// the larger finite magnitude of a bf16 pair, as bits (0 for inf and NaN)
+// The larger finite magnitude of a bf16 pair, as bits (0 for inf and NaN).
 __device__ __forceinline__ uint32_t bf16x2_absmax(uint32_t w) {
   const uint32_t a = w & 0x7FFFu, b = (w >> 16) & 0x7FFFu;
   return max(a < 0x7F80u ? a : 0u, b < 0x7F80u ? b : 0u);
 }
 
+// Two bf16 (lo, hi) times s as f16x2, round to nearest (exact for a power-of-two s
+// that keeps the values in f16's normal range).
 __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w, float s) {
   const __half2 h = __floats2half2_rn(__uint_as_float(w << 16) * s, __uint_as_float(w & 0xFFFF0000u) * s);
   return *reinterpret_cast<const uint32_t *>(&h);

@@ -273,7 +273,7 @@ __host__ __device__ constexpr bool rf_codes_ok(const mla_layout_desc &d, int dqk
     if (i < DV / 64 && k == SK_COPY && dqk != DV) return false;
   }
   const int lead = rf_codes_lead(d);
-  return (lead == 0 || lead == 3 || lead == 4) && !(tensor && other);
+  return (lead == 3 || lead == 4) && !(tensor && other);
 }
 // bit i: 64-dim block i is f16 (e4m3 codes) in the K tile; other e4m3 blocks
 // are converted to bf16 (code x s x 2^-E, rounded once)
@@ -331,6 +331,16 @@ template <class LS, int DQK> struct rf_key {
     });
   }
 
+  // Pair i's scale as f32 (tscale for a tensor scale, 1 where there is none).
+  template <int I> __device__ __forceinline__ float pair_scale(float tscale) const {
+    using namespace mla_attn_spec;
+    constexpr int kind = rf_pair(LS::host, I).kind;
+    if constexpr (kind == SK_FP8_TENSOR) return tscale;
+    else if constexpr (kind == SK_FP8_F32) return __uint_as_float(sc[rf_scale_slot(LS::host, I)]);
+    else if constexpr (kind == SK_FP8_UE8M0) return mla_decode_scale(MLA_UE8M0, sc[rf_scale_slot(LS::host, I)]);
+    else return 1.0f;
+  }
+
   // Largest finite exponent field among this thread's scales (0: none).
   __device__ __forceinline__ int scale_exp() const {
     using namespace mla_attn_spec;
@@ -355,9 +365,9 @@ template <class LS, int DQK> struct rf_key {
       constexpr rf_chunk a0 = rf_pair(LS::host, i);
       uint4 v0 = d[i][0], v1 = d[i][1];
       if constexpr (is_fp8_kind(a0.kind) && !((rf_f16_blocks(LS::host, DQK) >> i) & 1)) {
-        float s = 1.0f; // a bf16 value block of a mixed layout: code x s x 2^-E, rounded once
-        if constexpr (a0.kind == SK_FP8_F32) s = __uint_as_float(sc[rf_scale_slot(LS::host, i)]);
-        else if constexpr (a0.kind == SK_FP8_UE8M0) s = mla_decode_scale(MLA_UE8M0, sc[rf_scale_slot(LS::host, i)]);
+        // a bf16 value block of a mixed layout: code x s x 2^-E, rounded once
+        // (a tensor scale is folded elsewhere in codes mode)
+        const float s = pair_scale<i>(1.0f);
         v0 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].x, d[i][0].y), s * ef);
         v1 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].z, d[i][0].w), s * ef);
       } else if constexpr (is_fp8_kind(a0.kind)) {
@@ -366,9 +376,7 @@ template <class LS, int DQK> struct rf_key {
 #pragma unroll
         for (int j = 0; j < 4; j++) h[2 * j] = mla::e4m3x2_f16(w[j]), h[2 * j + 1] = mla::e4m3x2_f16(w[j] >> 16);
         if constexpr (a0.kind == SK_FP8_F32 || a0.kind == SK_FP8_UE8M0 || (a0.kind == SK_FP8_ONE && HAS_E)) {
-          float s = 1.0f;
-          if constexpr (a0.kind == SK_FP8_F32) s = __uint_as_float(sc[rf_scale_slot(LS::host, i)]);
-          else if constexpr (a0.kind == SK_FP8_UE8M0) s = mla_decode_scale(MLA_UE8M0, sc[rf_scale_slot(LS::host, i)]);
+          const float s = pair_scale<i>(1.0f);
           const uint32_t s2 = mla::pack_f16x2(s * ef, s * ef);
 #pragma unroll
           for (int j = 0; j < 8; j++) h[j] = mla::mul_f16x2(h[j], s2);
@@ -391,10 +399,7 @@ template <class LS, int DQK> struct rf_key {
       constexpr rf_chunk a0 = rf_pair(LS::host, i);
       uint4 v0 = d[i][0], v1 = d[i][1];
       if constexpr (is_fp8_kind(a0.kind)) {
-        float s = 1.0f;
-        if constexpr (a0.kind == SK_FP8_TENSOR) s = tscale;
-        else if constexpr (a0.kind == SK_FP8_F32) s = __uint_as_float(sc[rf_scale_slot(LS::host, i)]);
-        else if constexpr (a0.kind == SK_FP8_UE8M0) s = mla_decode_scale(MLA_UE8M0, sc[rf_scale_slot(LS::host, i)]);
+        const float s = pair_scale<i>(tscale);
         v0 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].x, d[i][0].y), s);
         v1 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].z, d[i][0].w), s);
       }
@@ -570,21 +575,12 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
         s[e] = ok ? s[e] * fac : -CUDART_INF_F;
         mx[hh] = fmaxf(mx[hh], s[e]);
       }
-      // Lazy rescaling (FlashAttention-4's conditional rescale): the running
-      // max moves only when a score passes it by more than RESCALE_LOG2, so
-      // most tiles leave O alone (alpha = 1 skips the P V warpgroups' 128
-      // multiplies); P then reaches up to 2^RESCALE_LOG2, exact enough in
-      // f16 / bf16 and far from their range.
+      // lazy rescaling (online_max): most tiles leave O alone (alpha = 1
+      // skips the P V warpgroups' 128 multiplies); P reaches up to
+      // 2^RESCALE_LOG2, exact enough in f16 / bf16 and far from their range
       float alpha[2], base[2];
 #pragma unroll
-      for (int hh = 0; hh < 2; hh++) {
-        const float m = fmaxf(m_run[hh], quad_max(mx[hh]));
-        if (m_run[hh] == -CUDART_INF_F || m > m_run[hh] + RESCALE_LOG2) {
-          alpha[hh] = m_run[hh] == -CUDART_INF_F ? 0.f : exp2f(m_run[hh] - m);
-          base[hh] = m == -CUDART_INF_F ? 0.f : m;
-          m_run[hh] = m;
-        } else alpha[hh] = 1.f, base[hh] = m_run[hh];
-      }
+      for (int hh = 0; hh < 2; hh++) alpha[hh] = online_max(m_run[hh], fmaxf(m_run[hh], quad_max(mx[hh])), base[hh]);
       uint32_t pf[KB / 4]; // P as bf16 pairs: pf[2j + hh] = row hh, keys 8j + 2t4..
       float ps[2] = {0.f, 0.f}, pr[2] = {0.f, 0.f};
 #pragma unroll
@@ -690,7 +686,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   auto rf_load = [&](int u) {
     if constexpr (REGS) {
       int page, off;
-      slot_resolve<REGS ? rf_block_size<LS>() : 0>(p, rf_next, page, off);
+      slot_resolve<rf_block_size<LS>()>(p, rf_next, page, off);
       rf.load(p, page, off, q4);
       rf_next = slot_fetch<1, rf_block_size<LS>()>(p, r, qi, k1, k0 + (u + 1) * KB, n4);
     }
@@ -807,7 +803,6 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
         // codes mode with bf16 value dims: e4m3 blocks lead, bf16 ones take the twin P
         const uint64_t dt = mla::wgmma_desc(mla::smem_addr(p_twin(u)) + kk * 32, 16, 1024);
         if constexpr (CO::lead == 4) mla::wgmma_m64n256k16_f16_tb(o, da, db, 1);
-        else if constexpr (CO::lead == 0) mla::wgmma_m64n256k16_bf16_tb(o, dt, db, 1);
         else {
           mla::wgmma_m64n192k16_f16_tb<0>(o, da, db, 1);
           mla::wgmma_m64n64k16_bf16_tb<96>(o, dt, mla::wgmma_desc(v_addr + 3 * BLK_K + kk * 16 * 128, BLK_K, 1024), 1);

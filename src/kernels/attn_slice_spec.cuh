@@ -515,12 +515,8 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_slice_kernel(const __grid_c
         }
         mx = fmaxf(mx, s[i]);
       }
-      // lazy rescaling, as in the wgmma kernel: the max moves (and O is
-      // rescaled) only when a score passes it by more than RESCALE_LOG2
-      const float mcand = fmaxf(m_run[rr], warp_max(mx));
-      const bool move = m_run[rr] == -CUDART_INF_F || mcand > m_run[rr] + mla_attn::RESCALE_LOG2;
-      const float mnew = move ? mcand : m_run[rr];
-      const float base = mnew == -CUDART_INF_F ? 0.f : mnew;
+      float base; // lazy rescaling (mla_attn::online_max)
+      const float alpha = mla_attn::online_max(m_run[rr], fmaxf(m_run[rr], warp_max(mx)), base);
       float sum = 0.f;
 #pragma unroll
       for (int i = 0; i < KPL; i++) {
@@ -528,9 +524,7 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_slice_kernel(const __grid_c
         if (BK % 32 == 0 || lane + 32 * i < BK) Ps[row * PPK + lane + 32 * i] = pv;
         sum += pv;
       }
-      const float alpha = m_run[rr] == -CUDART_INF_F ? 0.f : move ? exp2f(m_run[rr] - mnew) : 1.f;
       l_run[rr] = l_run[rr] * alpha + warp_sum(sum);
-      m_run[rr] = mnew;
       if (lane == 0) alpha_s[row] = alpha;
     }
     mla_attn::wait_stages(nst);
