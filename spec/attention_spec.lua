@@ -95,6 +95,25 @@ describe("attention reference (CPU)", function()
     assert.is_true(math.abs(lse_at(lse, 0, 0, 0) - want_lse) < 1e-5)
   end)
 
+  it("test data: kv_dims draws dims [d0, d1) at a gain of the std, or as zeros", function()
+    mla.manual_seed(14)
+    local function mean_abs(row, d0, d1)
+      local t = 0
+      for d = d0 + 1, d1 do t = t + math.abs(row[d]) end
+      return t / (d1 - d0)
+    end
+    local zero = C.dense { layout = "fp8_v4", b = 1, s_q = 1, h_q = 1, lens = { 40 }, kv_dims = { 0, 448, 0 }, device = "cpu" }
+    for _, row in ipairs(rows_of(zero, slots_dense(zero, 0, 40))) do
+      assert.equal(0, mean_abs(row, 0, 448))
+      assert.is_true(mean_abs(row, 448, 512) > 0)
+    end
+    local big = C.dense { layout = "fp8_v4", b = 1, s_q = 1, h_q = 1, lens = { 40 }, kv_dims = { 448, 512, 64 }, device = "cpu" }
+    local ratio = 0
+    for _, row in ipairs(rows_of(big, slots_dense(big, 0, 40))) do ratio = ratio + mean_abs(row, 448, 512) / mean_abs(row, 0, 448) end
+    ratio = ratio / 40
+    assert.is_true(ratio > 48 and ratio < 85, "RoPE / rest: " .. ratio)
+  end)
+
   it("causal mask: query i of s_q sees positions [0, s_k - s_q + i]", function()
     mla.manual_seed(13)
     local case = C.dense { layout = "bf16", b = 1, s_q = 3, h_q = 2, lens = { 21 }, block_size = 8, device = "cpu" }
@@ -717,6 +736,20 @@ describe("attention baked wgmma kernel (64-row tiles)", function()
       { "fp8_pertensor", { -6, 0 } }, { "fp8_v4", { -12, 0 } } } do
       mla.manual_seed(1100 + k)
       local case = C.dense { layout = c[1], b = 2, s_q = 1, h_q = 128, lens = { 1500, 700 }, kv_ramp = c[2], tensor_scale = 0.5 }
+      for _, splits in ipairs { 1, 3 } do both(case, { splits = splits }, DENSE_OUT) end
+    end
+  end)
+
+  -- fp8_v4's RoPE dims are value dims in bf16 beside e4m3 codes whose tiles are scaled by 2^-E,
+  -- E from the scales alone: RoPE dims far larger than the codes (x 2^-E in f16 would overflow at a
+  -- gain of 2^6 here, so any kernel that moves them to f16 must raise E), far smaller, and beside
+  -- all-zero codes. The larger dims keep std 0.1, the size FlashMLA's absolute bound is made for.
+  it("bf16 value dims far above and below the e4m3 dims, and beside zero codes (fp8_v4) #gpu", function()
+    for k, c in ipairs { { "fp8_v4", { 448, 512, 2 ^ 6 } }, { "fp8_v4_vllm", { 448, 512, 2 ^ 12 } },
+      { "fp8_v4", { 448, 512, 2 ^ -12 } }, { "fp8_v4", { 0, 448, 0 } } } do
+      mla.manual_seed(1160 + k)
+      local gain = math.max(1, c[2][3])
+      local case = C.dense { layout = c[1], b = 2, s_q = 1, h_q = 128, lens = { 1500, 700 }, kv_dims = c[2], kv_std = 0.1 / gain }
       for _, splits in ipairs { 1, 3 } do both(case, { splits = splits }, DENSE_OUT) end
     end
   end)

@@ -17,7 +17,8 @@
 -- `template_pages` pages through the layout, copy them over the rest).
 -- dense: lens = {..} or len = n, kv_ramp = {lo, hi} (position t of a request of n tokens drawn with
 -- std kv_std x 2^(lo + (hi - lo + 1) t // n), capped at 2^hi: scale exponents that rise, or with
--- lo > hi fall, along the request). sparse: topk, pool = tokens holding data,
+-- lo > hi fall, along the request), kv_dims = {d0, d1, gain}: dims [d0, d1) of every row drawn with
+-- gain x that std instead (0: zeros), e.g. RoPE dims far larger than the rest. sparse: topk, pool = tokens holding data,
 -- invalid = fraction of -1 entries, empty_rows = {{r, i}, ...} all -1,
 -- topk_len = {..} (or true: random lengths), unique = true (distinct slots per row).
 local mla = require "mlalab"
@@ -58,6 +59,17 @@ local function new_cache(o, num_blocks)
   return c
 end
 
+-- Rows of std `std` (kv_dims: some dims at gain x std, or zero).
+local function draw_rows(o, n, dim, std)
+  local x = mla.randn({ n, dim }, { std = std, device = "cpu" })
+  local kd = o.kv_dims
+  if kd then
+    local v = x:narrow(1, kd[1], kd[2] - kd[1])
+    if kd[3] == 0 then v:fill(0) else v:normal_(0, std * kd[3]) end
+  end
+  return x
+end
+
 -- Writes random rows into the given slots of the case's layer; gains[i]
 -- (optional) multiplies the std of slot i's row.
 local function write_rows(c, o, slots, gains)
@@ -68,7 +80,7 @@ local function write_rows(c, o, slots, gains)
     while i <= #slots do -- runs of one gain
       local g, j = gains and gains[i] or 1, i
       while j < #slots and (gains and gains[j + 1] or 1) == g do j = j + 1 end
-      local x = mla.randn({ j - i + 1, L.dim }, { std = (o.kv_std or 0.1) * g, device = "cpu" })
+      local x = draw_rows(o, j - i + 1, L.dim, (o.kv_std or 0.1) * g)
       c:write(layer, x, mla.tensor(table.move(slots, i, j, 1, {}), "i64", "cpu"))
       i = j + 1
     end
@@ -80,7 +92,7 @@ local function write_rows(c, o, slots, gains)
   local tp = math.min(o.template_pages or 16, nb)
   local tslots = {}
   for i = 0, tp * bs - 1 do tslots[#tslots + 1] = i end
-  local x = mla.randn({ #tslots, L.dim }, { std = o.kv_std or 0.1, device = "cpu" })
+  local x = draw_rows(o, #tslots, L.dim, o.kv_std or 0.1)
   c:write(layer, x, mla.tensor(tslots, "i64", "cpu"))
   local done = tp
   while done < nb do
