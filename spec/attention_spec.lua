@@ -112,6 +112,15 @@ describe("attention reference (CPU)", function()
     for _, row in ipairs(rows_of(big, slots_dense(big, 0, 40))) do ratio = ratio + mean_abs(row, 448, 512) / mean_abs(row, 0, 448) end
     ratio = ratio / 40
     assert.is_true(ratio > 48 and ratio < 85, "RoPE / rest: " .. ratio)
+    for _, bad in ipairs { { 448, 600, 2 }, { 10, 10, 1 }, { 0, 8, -1 }, { 0.5, 8, 1 }, 3 } do
+      assert.has_error(function()
+        C.dense { layout = "fp8_v4", b = 1, s_q = 1, h_q = 1, lens = { 4 }, kv_dims = bad, device = "cpu" }
+      end)
+    end
+    local ok, err = pcall(C.sparse, { layout = "fp8_v4", b = 1, s_q = 1, h_q = 1, topk = 8, pool = 64, kv_dims = { 448, 600, 2 },
+      device = "cpu" })
+    assert.is_false(ok)
+    assert.matches("kv_dims must be {d0, d1, gain} with 0 <= d0 < d1 <= 512 (fp8_v4's dims)", err, 1, true)
   end)
 
   it("causal mask: query i of s_q sees positions [0, s_k - s_q + i]", function()
