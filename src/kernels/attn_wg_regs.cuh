@@ -1,0 +1,317 @@
+// Register-fed K tiles of the Hopper decode kernel (attn_decode_wg.cuh,
+// mode WG_REGS): how a built-in fp8 layout's token row maps onto the loader
+// threads (rf_chunk, rf_ok), codes mode (rf_codes_ok: e4m3 codes times
+// f16(s x 2^-E) in the K tile), and one thread's share of a key in registers
+// (rf_key: load, then convert into the swizzled tile).
+#ifndef MLA_ATTN_WG_REGS_CUH
+#define MLA_ATTN_WG_REGS_CUH
+
+#include <type_traits>
+
+#include "attn_decode_kernel.cuh"
+#include "attn_spec_layouts.cuh"
+#include "mla/wgmma.cuh"
+
+namespace mla_attn {
+namespace wg {
+
+// Thread lt of warpgroups 1 and 2 owns key n = lt / 4 of a tile; its quarter
+// q = lt % 4 takes chunks 8i + 2q and 8i + 2q + 1 (i < DQK / 64), so a key's
+// four quarters load 64 consecutive bytes of e4m3 codes (or 128 of bf16) per
+// instruction: 16 e4m3 bytes in one 16-byte load, a bf16 chunk in one.
+struct rf_chunk {
+  int kind;      // mla_attn_spec::SK_*; SK_BAD: not register-fed
+  int region;    // region of the data
+  int src;       // first byte in the region's token row, quarter 0
+  int sregion;   // scale's region and byte in its row (SK_FP8_F32, SK_FP8_UE8M0)
+  int ssrc;
+};
+
+__host__ __device__ constexpr int rf_chunk_index(int i, int q, int h) { return 8 * i + 2 * q + h; }
+
+// Region holding stage byte b of a layout, -1 none.
+__host__ __device__ constexpr int region_at(const mla_layout_desc &d, int b) {
+  for (int r = 0; r < d.nregions && r < MLA_LAYOUT_MAX_REGIONS; r++) {
+    const int lo = mla_attn_spec::stage_off(d, r);
+    if (b >= lo && b < lo + d.region_row_bytes[r]) return r;
+  }
+  return -1;
+}
+
+// Chunk c of a layout, in region coordinates.
+__host__ __device__ constexpr rf_chunk rf_chunk_at(const mla_layout_desc &d, int c) {
+  using namespace mla_attn_spec;
+  const spec_chunk k = chunk_at(d, 8 * c);
+  if (k.kind == SK_ZERO) return {SK_ZERO, 0, 0, 0, 0};
+  if (k.kind == SK_BAD) return {SK_BAD, 0, 0, 0, 0};
+  const int bytes = k.kind == SK_COPY ? 16 : 8;
+  const int r = region_at(d, k.src);
+  if (r < 0 || region_at(d, k.src + bytes - 1) != r) return {SK_BAD, 0, 0, 0, 0};
+  const int sr = k.scale_src >= 0 ? region_at(d, k.scale_src) : 0;
+  if (sr < 0) return {SK_BAD, 0, 0, 0, 0};
+  return {k.kind, r, k.src - stage_off(d, r), sr, k.scale_src >= 0 ? k.scale_src - stage_off(d, sr) : 0};
+}
+
+// chunk h of pair i, quarter 0
+__host__ __device__ constexpr rf_chunk rf_pair(const mla_layout_desc &d, int i, int h = 0) { return rf_chunk_at(d, rf_chunk_index(i, 0, h)); }
+
+// Whether a layout can be register-fed: every chunk known, the quarters of a
+// key on consecutive bytes of one region with one scale, data regions 16-byte
+// granular, and an e4m3 chunk pair (h = 0, 1) one 16-byte load.
+__host__ __device__ constexpr bool rf_ok(const mla_layout_desc &d, int dqk) {
+  using namespace mla_attn_spec;
+  if (dqk % 64) return false;
+  for (int i = 0; i < dqk / 64; i++) {
+    const rf_chunk a0 = rf_pair(d, i, 0), a1 = rf_pair(d, i, 1);
+    if (a0.kind == SK_BAD || a1.kind == SK_BAD) return false;
+    if (is_fp8_kind(a0.kind) != is_fp8_kind(a1.kind) || (a0.kind == SK_ZERO) != (a1.kind == SK_ZERO)) return false;
+    if (is_fp8_kind(a0.kind) && (a1.kind != a0.kind || a1.region != a0.region || a1.src != a0.src + 8 || a0.src % 16 ||
+                                 a1.sregion != a0.sregion || a1.ssrc != a0.ssrc))
+      return false;
+    for (int h = 0; h < 2; h++) {
+      const rf_chunk a = h ? a1 : a0;
+      if (a.kind != SK_ZERO && region_gran(d, a.region) < 16) return false;
+      for (int q = 1; q < 4; q++) {
+        const rf_chunk b = rf_chunk_at(d, rf_chunk_index(i, q, h));
+        if (b.kind != a.kind) return false;
+        if (a.kind == SK_ZERO) continue;
+        if (b.region != a.region || b.src != a.src + q * (a.kind == SK_COPY ? 32 : 16) || b.sregion != a.sregion ||
+            b.ssrc != a.ssrc)
+          return false;
+      }
+    }
+  }
+  return true;
+}
+
+// Scales of a thread's chunk pairs, each loaded once: the slot of pair i among
+// the distinct scales of pairs 0..i (-1: no scale to load), and whether pair i
+// is the first with its scale.
+__host__ __device__ constexpr bool rf_scaled(int kind) {
+  return kind == mla_attn_spec::SK_FP8_F32 || kind == mla_attn_spec::SK_FP8_UE8M0;
+}
+__host__ __device__ constexpr bool rf_same_scale(const rf_chunk &a, const rf_chunk &b) {
+  return a.kind == b.kind && a.sregion == b.sregion && a.ssrc == b.ssrc;
+}
+__host__ __device__ constexpr bool rf_scale_first(const mla_layout_desc &d, int i) {
+  if (!rf_scaled(rf_pair(d, i).kind)) return false;
+  for (int j = 0; j < i; j++)
+    if (rf_same_scale(rf_pair(d, j), rf_pair(d, i))) return false;
+  return true;
+}
+__host__ __device__ constexpr int rf_scale_slot(const mla_layout_desc &d, int i) {
+  if (!rf_scaled(rf_pair(d, i).kind)) return -1;
+  int n = 0;
+  for (int j = 0; j <= i; j++) {
+    if (!rf_scale_first(d, j)) continue;
+    if (rf_same_scale(rf_pair(d, j), rf_pair(d, i))) return n;
+    n++;
+  }
+  return -1;
+}
+__host__ __device__ constexpr int rf_scale_count(const mla_layout_desc &d, int dqk) {
+  int n = 0;
+  for (int i = 0; i < dqk / 64; i++) n += rf_scale_first(d, i);
+  return n;
+}
+
+// Codes mode: register-fed layouts whose dims are e4m3 or bf16. K tiles hold
+// each e4m3 code times f16(s x 2^-E), E the split's running maximum scale
+// exponent plus headroom, so a value pair costs one conversion and one f16
+// multiply (the bf16 path: an f32 round trip, three instructions per value);
+// bf16 dims are multiplied by 2^-E (exact). S runs on f16 operands (bf16 for
+// bf16 dims) and P V on f16 P (a bf16 twin for bf16 value dims; the output is
+// normalized by the f16-rounded sum); Q's power of two, 2^E and a tensor
+// scale fold into the softmax factor and the output. Tensor-scaled and
+// per-key-scaled blocks do not mix (one fold).
+// e4m3 blocks leading P V warpgroup w's four value blocks
+__host__ __device__ constexpr int rf_f16_lead(const mla_layout_desc &d, int w) {
+  int n = 0;
+  while (n < 4 && mla_attn_spec::is_fp8_kind(rf_pair(d, 4 * w + n).kind)) n++;
+  return n;
+}
+// Value blocks [0, lead) of each P V warpgroup are f16 (n64 x lead), the
+// rest bf16, the same split in both so that they run one instruction
+// sequence (a wgmma shape chosen per warpgroup at run time makes ptxas
+// serialize every wgmma): fp8_v4's RoPE block makes block 3 bf16 too.
+__host__ __device__ constexpr int rf_codes_lead(const mla_layout_desc &d) {
+  return rf_f16_lead(d, 0) < rf_f16_lead(d, 1) ? rf_f16_lead(d, 0) : rf_f16_lead(d, 1);
+}
+__host__ __device__ constexpr bool rf_codes_ok(const mla_layout_desc &d, int dqk) {
+  using namespace mla_attn_spec;
+  if (!rf_ok(d, dqk)) return false;
+  int tensor = 0, other = 0;
+  for (int i = 0; i < dqk / 64; i++) {
+    const int k = rf_pair(d, i).kind;
+    if (!is_fp8_kind(k) && k != SK_COPY) return false;
+    if (is_fp8_kind(k)) (k == SK_FP8_TENSOR ? tensor : other)++;
+    // bf16 value dims take P as bf16 too: a second P tile, which fits
+    // beside 512-dim K only
+    if (i < DV / 64 && k == SK_COPY && dqk != DV) return false;
+  }
+  const int lead = rf_codes_lead(d);
+  return (lead == 3 || lead == 4) && !(tensor && other);
+}
+// bit i: 64-dim block i is f16 (e4m3 codes) in the K tile; other e4m3 blocks
+// are converted to bf16 (code x s x 2^-E, rounded once)
+__host__ __device__ constexpr unsigned rf_f16_blocks(const mla_layout_desc &d, int dqk) {
+  unsigned m = 0;
+  const int lead = rf_codes_lead(d);
+  for (int i = 0; i < dqk / 64; i++)
+    if (mla_attn_spec::is_fp8_kind(rf_pair(d, i).kind) && (i >= DV / 64 || i % 4 < lead)) m |= 1u << i;
+  return m;
+}
+__host__ __device__ constexpr bool rf_tensor_scaled(const mla_layout_desc &d, int dqk) {
+  for (int i = 0; i < dqk / 64; i++)
+    if (rf_pair(d, i).kind == mla_attn_spec::SK_FP8_TENSOR) return true;
+  return false;
+}
+// Headroom below the largest scale: codes (< 2^9) x f16(s x 2^-E) < 2^15.
+constexpr int E_HEADROOM = 5, E_MIN = -64, E_MAX = 64;
+
+// 2^x for an integer x in [-126, 127]
+__device__ __forceinline__ float pow2i(int x) { return __uint_as_float((uint32_t)(127 + x) << 23); }
+
+// One thread's share of a key: loaded into registers, then converted into a K tile.
+template <class LS, int DQK> struct rf_key {
+  static constexpr int NI = DQK / 64, NSC = rf_scale_count(LS::host, DQK);
+  uint4 d[NI][2];  // e4m3 pair in d[i][0]; bf16 chunks in d[i][0], d[i][1]
+  uint32_t sc[NSC > 0 ? NSC : 1]; // distinct scales: f32 bits, or the ue8m0 byte
+  bool ok;
+
+
+  // Starts the loads of key (page, off) for quarter q; a key without a page reads as zeros.
+  __device__ __forceinline__ void load(const params &p, int page, int off, int q) {
+    using namespace mla_attn_spec;
+    ok = page >= 0;
+    const unsigned char *pb = p.v.base + (ok ? (int64_t)page * p.v.page_stride : 0);
+    static_for<NI>([&](auto ic) {
+      constexpr int i = decltype(ic)::value;
+      constexpr rf_chunk a0 = rf_pair(LS::host, i, 0), a1 = rf_pair(LS::host, i, 1);
+      auto row = [&](int r) {
+        return pb + p.d.region_off[r] + (int64_t)off * (r == 0 ? p.v.token_stride : (int64_t)p.d.region_row_bytes[r]);
+      };
+      constexpr int slot = rf_scale_slot(LS::host, i);
+      d[i][0] = d[i][1] = make_uint4(0, 0, 0, 0);
+      if constexpr (rf_scale_first(LS::host, i)) sc[slot] = 0;
+      if (!ok) return;
+      if constexpr (is_fp8_kind(a0.kind)) {
+        d[i][0] = __ldg(reinterpret_cast<const uint4 *>(row(a0.region) + a0.src + 16 * q));
+        if constexpr (rf_scale_first(LS::host, i)) {
+          if constexpr (a0.kind == SK_FP8_F32) sc[slot] = __ldg(reinterpret_cast<const unsigned int *>(row(a0.sregion) + a0.ssrc));
+          else sc[slot] = __ldg(row(a0.sregion) + a0.ssrc);
+        }
+      } else if constexpr (a0.kind == SK_COPY) {
+        d[i][0] = __ldg(reinterpret_cast<const uint4 *>(row(a0.region) + a0.src + 32 * q));
+        d[i][1] = __ldg(reinterpret_cast<const uint4 *>(row(a1.region) + a1.src + 32 * q));
+      }
+    });
+  }
+
+  // Pair i's scale as f32 (tscale for a tensor scale, 1 where there is none).
+  template <int I> __device__ __forceinline__ float pair_scale(float tscale) const {
+    using namespace mla_attn_spec;
+    constexpr int kind = rf_pair(LS::host, I).kind;
+    if constexpr (kind == SK_FP8_TENSOR) return tscale;
+    else if constexpr (kind == SK_FP8_F32) return __uint_as_float(sc[rf_scale_slot(LS::host, I)]);
+    else if constexpr (kind == SK_FP8_UE8M0) return mla_decode_scale(MLA_UE8M0, sc[rf_scale_slot(LS::host, I)]);
+    else return 1.0f;
+  }
+
+  // Largest finite exponent field among this thread's scales (0: none).
+  __device__ __forceinline__ int scale_exp() const {
+    using namespace mla_attn_spec;
+    int e = 0;
+    static_for<NI>([&](auto ic) {
+      constexpr int i = decltype(ic)::value;
+      if constexpr (rf_scale_first(LS::host, i)) {
+        const uint32_t v = sc[rf_scale_slot(LS::host, i)];
+        const int f = rf_pair(LS::host, i).kind == SK_FP8_F32 ? (int)((v >> 23) & 0xffu) : (int)(v & 0xffu);
+        if (f != 255) e = max(e, f);
+      }
+    });
+    return e;
+  }
+
+  // Codes mode: converts into rows n of the swizzled K tile kt; ef = 2^-E.
+  template <int KB, bool HAS_E> __device__ __forceinline__ void store_codes(unsigned char *kt, int n, int q, float ef) const {
+    using namespace mla_attn_spec;
+    const uint32_t eb = __float_as_uint(ef) >> 16, eb2 = eb | eb << 16; // bf16x2 of 2^-E, exact
+    static_for<NI>([&](auto ic) {
+      constexpr int i = decltype(ic)::value;
+      constexpr rf_chunk a0 = rf_pair(LS::host, i);
+      uint4 v0 = d[i][0], v1 = d[i][1];
+      if constexpr (is_fp8_kind(a0.kind) && !((rf_f16_blocks(LS::host, DQK) >> i) & 1)) {
+        // a bf16 value block of a mixed layout: code x s x 2^-E, rounded once
+        // (a tensor scale is folded elsewhere in codes mode)
+        const float s = pair_scale<i>(1.0f);
+        v0 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].x, d[i][0].y), s * ef);
+        v1 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].z, d[i][0].w), s * ef);
+      } else if constexpr (is_fp8_kind(a0.kind)) {
+        const uint32_t w[4] = {d[i][0].x, d[i][0].y, d[i][0].z, d[i][0].w};
+        uint32_t h[8];
+#pragma unroll
+        for (int j = 0; j < 4; j++) h[2 * j] = mla::e4m3x2_f16(w[j]), h[2 * j + 1] = mla::e4m3x2_f16(w[j] >> 16);
+        if constexpr (a0.kind == SK_FP8_F32 || a0.kind == SK_FP8_UE8M0 || (a0.kind == SK_FP8_ONE && HAS_E)) {
+          const float s = pair_scale<i>(1.0f);
+          const uint32_t s2 = mla::pack_f16x2(s * ef, s * ef);
+#pragma unroll
+          for (int j = 0; j < 8; j++) h[j] = mla::mul_f16x2(h[j], s2);
+        }
+        v0 = make_uint4(h[0], h[1], h[2], h[3]), v1 = make_uint4(h[4], h[5], h[6], h[7]);
+      } else if constexpr (a0.kind == SK_COPY && HAS_E) {
+        v0 = make_uint4(mla::mul_bf16x2(v0.x, eb2), mla::mul_bf16x2(v0.y, eb2), mla::mul_bf16x2(v0.z, eb2), mla::mul_bf16x2(v0.w, eb2));
+        v1 = make_uint4(mla::mul_bf16x2(v1.x, eb2), mla::mul_bf16x2(v1.y, eb2), mla::mul_bf16x2(v1.z, eb2), mla::mul_bf16x2(v1.w, eb2));
+      }
+      *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, rf_chunk_index(i, q, 0))) = v0;
+      *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, rf_chunk_index(i, q, 1))) = v1;
+    });
+  }
+
+  // Converts into rows n of the swizzled K tile kt (KB rows).
+  template <int KB> __device__ __forceinline__ void store(unsigned char *kt, int n, int q, float tscale) const {
+    using namespace mla_attn_spec;
+    static_for<NI>([&](auto ic) {
+      constexpr int i = decltype(ic)::value;
+      constexpr rf_chunk a0 = rf_pair(LS::host, i);
+      uint4 v0 = d[i][0], v1 = d[i][1];
+      if constexpr (is_fp8_kind(a0.kind)) {
+        const float s = pair_scale<i>(tscale);
+        v0 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].x, d[i][0].y), s);
+        v1 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].z, d[i][0].w), s);
+      }
+      *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, rf_chunk_index(i, q, 0))) = v0;
+      *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, rf_chunk_index(i, q, 1))) = v1;
+    });
+  }
+};
+
+template <class LS, int DQK> constexpr bool rf_allowed() {
+  if constexpr (std::is_void<LS>::value) return false;
+  else return rf_ok(LS::host, DQK);
+}
+// codes mode (see rf_codes_ok): layout facts, all false / 0 off it
+template <class LS, int DQK, bool NONE = std::is_void<LS>::value> struct codes_of {
+  static constexpr bool on = false, has_e = false, tensor = false, mixed = false;
+  static constexpr unsigned f16_blocks = 0;
+  static constexpr int lead = 4;
+};
+template <class LS, int DQK> struct codes_of<LS, DQK, false> {
+  static constexpr bool on = rf_codes_ok(LS::host, DQK);
+  static constexpr bool has_e = on && rf_scale_count(LS::host, DQK) > 0, tensor = on && rf_tensor_scaled(LS::host, DQK);
+  static constexpr unsigned f16_blocks = on ? rf_f16_blocks(LS::host, DQK) : 0u;
+  static constexpr int lead = on ? rf_codes_lead(LS::host) : 4;
+  static constexpr bool mixed = on && lead < 4; // bf16 value dims: a bf16 twin of each P tile
+};
+// page size a specialized layout is compiled for (0: none)
+template <class LS> constexpr int rf_block_size() {
+  if constexpr (std::is_void<LS>::value) return 0;
+  else return LS::host.block_size;
+}
+template <class LS, int DQK, bool ON> struct rf_holder { using type = rf_key<LS, DQK>; };
+template <class LS, int DQK> struct rf_holder<LS, DQK, false> { struct type {}; };
+
+} // namespace wg
+} // namespace mla_attn
+
+#endif
