@@ -70,18 +70,17 @@ local function draw_rows(o, n, dim, std)
   return x
 end
 
--- kv_dims as draw_rows reads it; level: the error's stack level (the case's caller)
-local function check_kv_dims(o, L, level)
+-- kv_dims as draw_rows reads it; an error names the caller of dense / sparse.
+local function check_kv_dims(o, L)
   local kd = o.kv_dims
   if kd == nil then return end
-  local ok = type(kd) == "table"
-  local d0, d1, g = ok and kd[1], ok and kd[2], ok and kd[3]
-  if not (ok and math.type(d0) == "integer" and math.type(d1) == "integer" and type(g) == "number"
-      and 0 <= d0 and d0 < d1 and d1 <= L.dim and g >= 0) then
-    error(string.format("attention_cases: kv_dims must be {d0, d1, gain} with 0 <= d0 < d1 <= %d (%s's dims) and "
-      .. "gain >= 0, got %s", L.dim, L.name, ok and string.format("{%s, %s, %s}", tostring(d0), tostring(d1), tostring(g))
-      or tostring(kd)), level + 1)
-  end
+  local d0, d1, g
+  if type(kd) == "table" then d0, d1, g = kd[1], kd[2], kd[3] end
+  if math.type(d0) == "integer" and math.type(d1) == "integer" and type(g) == "number"
+      and 0 <= d0 and d0 < d1 and d1 <= L.dim and g >= 0 then return end
+  local got = type(kd) == "table" and string.format("{%s, %s, %s}", tostring(d0), tostring(d1), tostring(g)) or tostring(kd)
+  error(string.format("attention_cases: kv_dims must be {d0, d1, gain} with 0 <= d0 < d1 <= %d (%s's dims) and "
+    .. "gain >= 0, got %s", L.dim, L.name, got), 3)
 end
 
 -- Writes random rows into the given slots of the case's layer; gains[i]
@@ -128,7 +127,7 @@ end
 --- Dense case: per-request lengths over permuted pages.
 function M.dense(o)
   local L = layout.get(o.layout)
-  check_kv_dims(o, L, 2)
+  check_kv_dims(o, L)
   local bs = o.block_size or 64
   local lens = o.lens
   if not lens then
@@ -184,7 +183,7 @@ end
 -- written tokens, with -1 holes; some rows all -1; optional topk_len.
 function M.sparse(o)
   local L = layout.get(o.layout)
-  check_kv_dims(o, L, 2)
+  check_kv_dims(o, L)
   local bs = o.block_size or 64
   local draw = rng(o.seed)
   local pool = o.pool or math.max(o.topk * 2, bs)
