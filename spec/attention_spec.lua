@@ -344,7 +344,8 @@ describe("attention argument errors", function()
     err({ impl = "baked" }, "impl 'baked' runs on a GPU: the cache pages are on the CPU")
     err({ colour = 1 }, "unknown option 'colour'")
     err({ cache = case.view.pages }, "cache must be a cache view")
-    err({ specialize = "no" }, "specialize must be a boolean")
+    err({ specialize = "no" }, 'specialize must be true, false (the generic kernel) or "slice" (the V-slice kernel for 16-row tiles), got "no"')
+    err({ specialize = 1 }, '"slice" (the V-slice kernel for 16-row tiles), got a number')
   end)
 
   it("asks for the per-tensor scale of an fp8_pertensor cache given as bare pages", function()
@@ -531,24 +532,27 @@ describe("attention baked kernels", function()
   end)
 end)
 
--- The compile-time-specialized kernels (src/kernels/attn_slice_spec.cuh) serve 16-row tiles of a cache
--- whose descriptor equals (for reading) a built-in fp8 layout's; specialize = false forces the generic
--- kernel. Both must match the reference on every fp8 built-in, dense and sparse, with one split and
--- through the combine, and the plan and mla.attention.last_variant() must name what ran.
+-- The compile-time-specialized kernels serve 16-row tiles of a cache whose descriptor equals (for
+-- reading) a built-in fp8 layout's: on Hopper the 16-row wgmma kernel (src/kernels/attn_decode_wg16.cuh),
+-- elsewhere, and with specialize = "slice", the V-slice kernel (src/kernels/attn_slice_spec.cuh);
+-- specialize = false forces the generic kernel. All must match the reference on every fp8 built-in,
+-- dense and sparse, with one split and through the combine, and the plan and
+-- mla.attention.last_variant() must name what ran.
 local SPEC_VARIANT = { fp8_pertensor = "fp8_pertensor", fp8_ds_mla = "fp8_ds_mla", fp8_ds_mla_amax = "fp8_ds_mla",
   fp8_v4 = "fp8_v4", fp8_v4_vllm = "fp8_v4" }
 local SPEC_LAYOUTS = { "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_v4", "fp8_v4_vllm" }
 
--- Runs a case on the specialized kernel (specialize = true, expected variant `want`, or a
--- function giving it) and on the generic one, each against the reference; returns both results.
-local function specialized_and_generic(case, opts, preset, want, rows_per_cta)
+-- Runs a case with each specialize value of `modes` (default true, false), expecting variant
+-- `want` (or want(mode)) where specialize is not false and "generic" where it is, each against
+-- the reference; returns the results in that order.
+local function specialized_and_generic(case, opts, preset, want, rows_per_cta, modes)
   local seen = {}
-  for _, spec in ipairs { true, false } do
+  for _, spec in ipairs(modes or { true, false }) do
     local o = {}
     for k, v in pairs(opts) do o[k] = v end
     o.specialize = spec
     local out, lse, plan = run(case, "baked", o)
-    local expect = spec and (type(want) == "function" and want() or want) or "generic"
+    local expect = spec and (type(want) == "function" and want(spec) or want) or "generic"
     assert.equal(expect, plan.variant)
     assert.equal(expect, mla.attention.last_variant())
     assert.equal(rows_per_cta, plan.rows_per_cta)
@@ -568,7 +572,14 @@ end
 describe("attention baked specialized kernels", function()
   S.on_device("cuda", before_each, after_each)
 
-  local function both(case, opts, preset, want) return specialized_and_generic(case, opts, preset, want, 16) end
+  -- the device is asked inside the tests: describe blocks also run on CPU-only CI
+  local function hopper() return mla.device_props(0).arch == "sm_90" end
+  -- specialize = true (wgmma16 on Hopper), "slice" (the V-slice kernel, named by its layout), false
+  local function both(case, opts, preset, want)
+    return specialized_and_generic(case, opts, preset, function(spec)
+      return spec == true and hopper() and "wgmma16" or want
+    end, 16, { true, "slice", false })
+  end
 
   it("dense decode on every fp8 built-in: specialized and generic both match the reference #gpu", function()
     local n = 0
@@ -659,7 +670,7 @@ describe("attention baked specialized kernels", function()
   it("are chosen by descriptor equality, not by name: a renamed copy is served, other descriptors are not #gpu", function()
     local base = mla.layout.get("fp8_ds_mla")
     local cases = {
-      { L = base:with { name = "ds_mla_renamed" }, bs = 64, want = "fp8_ds_mla" },
+      { L = base:with { name = "ds_mla_renamed" }, bs = 64, want = hopper() and "wgmma16" or "fp8_ds_mla" },
       { L = base:with { name = "ds_mla_g64", scale = { nope = { group = 64 } } }, bs = 64, want = "generic" },
       { L = base, bs = 32, want = "generic" }, -- built-in descriptors are compiled at block_size 64
     }

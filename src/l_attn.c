@@ -4,7 +4,7 @@
  * opts: layout (packed descriptor), pages, tensor_scale?, q, block_table +
  * cache_lens (+ causal) or indices (+ topk_len), sink?, scale, out, lse,
  * check (validate index values on the host), splits (baked, 0 = auto),
- * specialize (baked, default true; false forces the generic kernel).
+ * specialize (baked, default true; false forces the generic kernel, "slice" the V-slice kernel for 16-row tiles).
  *   core.attn_last_variant() -> "generic" | built-in layout name | "none"
  * lua/mlalab/attention.lua allocates outputs and gives friendlier errors;
  * every rule is enforced here too, so no call can crash. */
@@ -178,9 +178,11 @@ static void read_inputs(call *c, decode_in *in, mla_dtype out_dt) {
   in->splits = lua_isnil(L, -1) ? 0 : (int)luaL_checkinteger(L, -1);
   if (in->splits < 0 || in->splits > 4096) lerrf(L, "%s: splits = %d must be 0 (automatic) to 4096", c->fn, in->splits);
   lua_getfield(L, 1, "specialize");
-  if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
-    lerrf(L, "%s: specialize must be a boolean (false forces the generic kernel), got a %s", c->fn, luaL_typename(L, -1));
-  in->specialize = lua_isnil(L, -1) ? 1 : lua_toboolean(L, -1);
+  const int slice = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "slice") == 0;
+  if (!lua_isnil(L, -1) && !lua_isboolean(L, -1) && !slice)
+    lerrf(L, "%s: specialize must be true, false (the generic kernel) or \"slice\" (the V-slice kernel for 16-row "
+          "tiles), got %s", c->fn, lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : luaL_typename(L, -1));
+  in->specialize = slice ? 2 : lua_isnil(L, -1) ? 1 : lua_toboolean(L, -1);
 }
 
 /* Host check of the index values; returns the most keys any problem has. */

@@ -22,10 +22,12 @@
 -- which costs a device-to-host copy: pass false when timing), splits = 0
 -- (baked: automatic from the SM count and the batch), specialize = true
 -- (baked: a cache whose descriptor equals a built-in fp8 layout's, read with
--- 16-row tiles, runs that layout's compile-time-specialized kernel; false
--- forces the generic, descriptor-driven kernel). The third result of the
--- baked path is its plan (splits, rows per CTA, stages, tile_keys, variant =
--- "generic", "wgmma" or the built-in layout's name, ...); M.last_variant()
+-- 16-row tiles, runs that layout's compile-time-specialized kernel: on
+-- Hopper the 16-row wgmma kernel, elsewhere the V-slice kernel; "slice"
+-- forces the V-slice kernel; false forces the generic, descriptor-driven
+-- kernel). The third result of the baked path is its plan (splits, rows per
+-- CTA, stages, tile_keys, variant = "generic", "wgmma", "wgmma16" or the
+-- built-in layout's name for the V-slice kernel, ...); M.last_variant()
 -- names what the last baked launch ran. On Hopper, 64-row tiles of bf16 rows
 -- and of the built-in fp8 layouts run 64-key tiles (fp8 fed from registers);
 -- other layouts run 32-key staged tiles (tile_keys).
@@ -134,8 +136,9 @@ function M.prepare(o)
   if not sparse and (o.block_table == nil or o.cache_lens == nil) then
     fail("dense decode needs block_table and cache_lens; sparse decode needs indices")
   end
-  if o.specialize ~= nil and type(o.specialize) ~= "boolean" then
-    fail("specialize must be a boolean (false forces the generic kernel), got a %s", type(o.specialize))
+  if o.specialize ~= nil and type(o.specialize) ~= "boolean" and o.specialize ~= "slice" then
+    fail("specialize must be true, false (the generic kernel) or \"slice\" (the V-slice kernel for 16-row tiles), got %s",
+      type(o.specialize) == "string" and string.format("%q", o.specialize) or "a " .. type(o.specialize))
   end
   if sparse and o.causal then fail("causal applies to dense decode; sparse queries see exactly their indices") end
   if not sparse and o.topk_len ~= nil then fail("topk_len applies to sparse decode (with indices)") end

@@ -23,7 +23,7 @@ typedef struct mla_attn_plan {
   int ctas_per_sm;
   int identity;      /* K rows copied as bf16 without a dequant pass */
   int64_t smem;      /* dynamic shared memory per CTA */
-  const char *variant; /* "generic", or the built-in layout whose compile-time-specialized kernel ran */
+  const char *variant; /* "generic", "wgmma", "wgmma16", or the built-in layout whose V-slice kernel ran */
 } mla_attn_plan;
 
 /* 1 if the baked kernels handle this shape (d_qk 512 or 576, d_v 512),
@@ -36,8 +36,10 @@ int mla_attn_baked_supports(const mla_layout_desc *d, const mla_attn_args *a);
  * the count from the SM count and the batch. Out-of-range pages or slots are
  * treated as missing keys (the caller checks values beforehand).
  * specialize = 1 lets a descriptor equal (for reading) to a built-in fp8
- * layout's run that layout's compile-time-specialized kernel (16-row tiles);
- * 0 forces the generic, descriptor-driven kernel.
+ * layout's run that layout's compile-time-specialized kernels (16-row tiles:
+ * the wgmma one on Hopper, else the V-slice one; 64-row tiles: the wgmma
+ * kernel's register-fed tiles); 2 the same but the V-slice kernel for 16-row
+ * tiles on Hopper too; 0 forces the generic, descriptor-driven kernel.
  * Returns 0, or -1 with mla_err. */
 int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_view *v, const mla_attn_args *a, int64_t max_keys,
                          int splits, int specialize, void *out, float *lse, int dev, mla_attn_plan *plan);

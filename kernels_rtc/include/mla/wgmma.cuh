@@ -79,6 +79,24 @@ __device__ __forceinline__ void bar_arrive(int id, int n) { asm volatile("bar.ar
 /* scale-d as a predicate from register operand N */
 #define MLA_WGMMA_PRED(n) "{\n.reg .pred p;\nsetp.ne.b32 p, %" #n ", 0;\n"
 
+/* Keys on M (the 16-row decode kernel): d (64 x 16) += A (64 x 16) B (16 x 16),
+ * B K-major, A K-major (TA = 0) or MN-major (TA = 1); f16 or bf16 operands. */
+#define MLA_WGMMA_D8 "{%0, %1, %2, %3, %4, %5, %6, %7}"
+template <bool F16, int TA> __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t da, uint64_t db, int scale_d) {
+#if MLA_HAVE_WGMMA
+  if constexpr (F16)
+    asm volatile(MLA_WGMMA_PRED(10) "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 " MLA_WGMMA_D8 ", %8, %9, p, 1, 1, %11, 0;\n}\n"
+                 : MLA_WGMMA_F8(d, 0)
+                 : "l"(da), "l"(db), "r"(scale_d), "n"(TA));
+  else
+    asm volatile(MLA_WGMMA_PRED(10) "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " MLA_WGMMA_D8 ", %8, %9, p, 1, 1, %11, 0;\n}\n"
+                 : MLA_WGMMA_F8(d, 0)
+                 : "l"(da), "l"(db), "r"(scale_d), "n"(TA));
+#else
+  __trap();
+#endif
+}
+
 /* d += A (64 x 16) B (16 x 32), both K-major; scale_d = 0 overwrites d. */
 __device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
 #if MLA_HAVE_WGMMA
