@@ -172,37 +172,6 @@ constexpr int E_HEADROOM = 5, E_MIN = -64, E_MAX = 64;
 // 2^x for an integer x in [-126, 127]
 __device__ __forceinline__ float pow2i(int x) { return __uint_as_float((uint32_t)(127 + x) << 23); }
 
-// Codes mode: one thread's share of 64-dim block I (d0, d1: its 16 bytes of
-// e4m3 codes, or its two bf16 chunks) as the two 16-byte chunks it stores in
-// the K tile; s the block's scale (1 where none; a tensor scale is folded
-// elsewhere), ef = 2^-E.
-template <class LS, int DQK, int I, bool HAS_E>
-__device__ __forceinline__ void codes_block(uint4 d0, uint4 d1, float s, float ef, uint4 &v0, uint4 &v1) {
-  using namespace mla_attn_spec;
-  constexpr rf_chunk a0 = rf_pair(LS::host, I);
-  v0 = d0, v1 = d1;
-  if constexpr (is_fp8_kind(a0.kind) && !((rf_f16_blocks(LS::host, DQK) >> I) & 1)) {
-    // a bf16 value block of a mixed layout: code x s x 2^-E, rounded once
-    v0 = mla::e4m3x8_scaled_bf16(make_uint2(d0.x, d0.y), s * ef);
-    v1 = mla::e4m3x8_scaled_bf16(make_uint2(d0.z, d0.w), s * ef);
-  } else if constexpr (is_fp8_kind(a0.kind)) {
-    const uint32_t w[4] = {d0.x, d0.y, d0.z, d0.w};
-    uint32_t h[8];
-#pragma unroll
-    for (int j = 0; j < 4; j++) h[2 * j] = mla::e4m3x2_f16(w[j]), h[2 * j + 1] = mla::e4m3x2_f16(w[j] >> 16);
-    if constexpr (a0.kind == SK_FP8_F32 || a0.kind == SK_FP8_UE8M0 || (a0.kind == SK_FP8_ONE && HAS_E)) {
-      const uint32_t s2 = mla::pack_f16x2(s * ef, s * ef);
-#pragma unroll
-      for (int j = 0; j < 8; j++) h[j] = mla::mul_f16x2(h[j], s2);
-    }
-    v0 = make_uint4(h[0], h[1], h[2], h[3]), v1 = make_uint4(h[4], h[5], h[6], h[7]);
-  } else if constexpr (a0.kind == SK_COPY && HAS_E) {
-    const uint32_t eb = __float_as_uint(ef) >> 16, eb2 = eb | eb << 16; // bf16x2 of 2^-E, exact
-    v0 = make_uint4(mla::mul_bf16x2(d0.x, eb2), mla::mul_bf16x2(d0.y, eb2), mla::mul_bf16x2(d0.z, eb2), mla::mul_bf16x2(d0.w, eb2));
-    v1 = make_uint4(mla::mul_bf16x2(d1.x, eb2), mla::mul_bf16x2(d1.y, eb2), mla::mul_bf16x2(d1.z, eb2), mla::mul_bf16x2(d1.w, eb2));
-  }
-}
-
 // One thread's share of a key: loaded into registers, then converted into a K tile.
 template <class LS, int DQK> struct rf_key {
   static constexpr int NI = DQK / 64, NSC = rf_scale_count(LS::host, DQK);
@@ -266,10 +235,34 @@ template <class LS, int DQK> struct rf_key {
 
   // Codes mode: converts into rows n of the swizzled K tile kt; ef = 2^-E.
   template <int KB, bool HAS_E> __device__ __forceinline__ void store_codes(unsigned char *kt, int n, int q, float ef) const {
-    mla_attn_spec::static_for<NI>([&](auto ic) {
+    using namespace mla_attn_spec;
+    const uint32_t eb = __float_as_uint(ef) >> 16, eb2 = eb | eb << 16; // bf16x2 of 2^-E, exact
+    static_for<NI>([&](auto ic) {
       constexpr int i = decltype(ic)::value;
-      uint4 v0, v1;
-      codes_block<LS, DQK, i, HAS_E>(d[i][0], d[i][1], pair_scale<i>(1.0f), ef, v0, v1);
+      constexpr rf_chunk a0 = rf_pair(LS::host, i);
+      uint4 v0 = d[i][0], v1 = d[i][1];
+      if constexpr (is_fp8_kind(a0.kind) && !((rf_f16_blocks(LS::host, DQK) >> i) & 1)) {
+        // a bf16 value block of a mixed layout: code x s x 2^-E, rounded once
+        // (a tensor scale is folded elsewhere in codes mode)
+        const float s = pair_scale<i>(1.0f);
+        v0 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].x, d[i][0].y), s * ef);
+        v1 = mla::e4m3x8_scaled_bf16(make_uint2(d[i][0].z, d[i][0].w), s * ef);
+      } else if constexpr (is_fp8_kind(a0.kind)) {
+        const uint32_t w[4] = {d[i][0].x, d[i][0].y, d[i][0].z, d[i][0].w};
+        uint32_t h[8];
+#pragma unroll
+        for (int j = 0; j < 4; j++) h[2 * j] = mla::e4m3x2_f16(w[j]), h[2 * j + 1] = mla::e4m3x2_f16(w[j] >> 16);
+        if constexpr (a0.kind == SK_FP8_F32 || a0.kind == SK_FP8_UE8M0 || (a0.kind == SK_FP8_ONE && HAS_E)) {
+          const float s = pair_scale<i>(1.0f);
+          const uint32_t s2 = mla::pack_f16x2(s * ef, s * ef);
+#pragma unroll
+          for (int j = 0; j < 8; j++) h[j] = mla::mul_f16x2(h[j], s2);
+        }
+        v0 = make_uint4(h[0], h[1], h[2], h[3]), v1 = make_uint4(h[4], h[5], h[6], h[7]);
+      } else if constexpr (a0.kind == SK_COPY && HAS_E) {
+        v0 = make_uint4(mla::mul_bf16x2(v0.x, eb2), mla::mul_bf16x2(v0.y, eb2), mla::mul_bf16x2(v0.z, eb2), mla::mul_bf16x2(v0.w, eb2));
+        v1 = make_uint4(mla::mul_bf16x2(v1.x, eb2), mla::mul_bf16x2(v1.y, eb2), mla::mul_bf16x2(v1.z, eb2), mla::mul_bf16x2(v1.w, eb2));
+      }
       *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, rf_chunk_index(i, q, 0))) = v0;
       *reinterpret_cast<uint4 *>(kt + mla::sw128_off(KB, n, rf_chunk_index(i, q, 1))) = v1;
     });
