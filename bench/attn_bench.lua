@@ -2,8 +2,9 @@
 -- each beside cudaMemcpy bandwidth and the cuBLAS bf16 GEMM rate measured in
 -- the same run (bench/RESULTS.md records the figures).
 --   memory-bound: h_q x s_q <= 16, b = 128, context 4K to 32K   (target >= 85% of memcpy);
---                 fp8 built-ins run their compile-time-specialized kernels (variant column),
---                 points with specialize = false the generic kernel
+--                 fp8 built-ins run their compile-time-specialized kernels (variant column:
+--                 wgmma16 on Hopper), points with specialize = "slice" the V-slice kernel,
+--                 with specialize = false the generic kernel
 --   compute-bound: h_q = 128, dense                            (target >= 50% of GEMM)
 --   sparse fp8: h_q = 128, s_q = 2, topk 2048, b = 128         (target >= 40% of GEMM)
 --
@@ -48,7 +49,11 @@ local groups = {
     { kind = "dense", layout = "fp8_pertensor", b = 128, s_q = 1, h_q = 16, len = 4096 },
     { kind = "dense", layout = "fp8_pertensor", b = 128, s_q = 1, h_q = 16, len = 8192 },
     { kind = "dense", layout = "fp8_pertensor", b = 128, s_q = 1, h_q = 16, len = 32768 },
-    -- the generic (descriptor-driven) kernel on the same shapes, for comparison
+    -- the V-slice kernel (what GPUs other than Hopper run) and the generic (descriptor-driven)
+    -- kernel on the same shapes, for comparison
+    { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 1, h_q = 16, len = 8192, specialize = "slice" },
+    { kind = "dense", layout = "fp8_v4", b = 128, s_q = 1, h_q = 16, len = 8192, specialize = "slice" },
+    { kind = "dense", layout = "fp8_pertensor", b = 128, s_q = 1, h_q = 16, len = 8192, specialize = "slice" },
     { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 1, h_q = 16, len = 8192, specialize = false },
     { kind = "dense", layout = "fp8_v4", b = 128, s_q = 1, h_q = 16, len = 8192, specialize = false },
   },
