@@ -29,7 +29,10 @@ using wg::E_MIN;
 using wg::pow2i;
 
 constexpr int MR = 16, NT = 384, KB = 64, NKB = 2, NPB = 2;
-constexpr int REG_S = wg::REG_S, REG_PV = wg::REG_PV;
+// Per-thread registers after setmaxnreg (see wg::REG_*): warpgroup 0 needs
+// few; the loaders hold two tiles' shares of token rows.
+constexpr int REG_S = 88, REG_PV = 208;
+static_assert(128 * (wg::REG_LAUNCH - REG_S) >= 256 * (REG_PV - wg::REG_LAUNCH), "setmaxnreg: more registers asked than released");
 constexpr int BLK_Q = MR * 128, BLK_K = KB * 128; // one 64-dim block of Q rows / of K rows
 constexpr int OP = DV + 4;                        // output staging pitch (f32)
 
@@ -269,20 +272,23 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
   // for value dims 256 (wgi - 1)..
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_PV));
   const int lt = tid - 128, n4 = lt >> 2, q4 = lt & 3; // this thread's quarter q4 of key n4
-  wg::rf_key<LS, DQK> rf;
-  // rf_load(u) resolves tile u's slot, fetched one tile earlier, and fetches tile u + 1's
+  // Two register sets: tile u in set u % 2; its loads are issued at
+  // iteration u - 2, right after the gather that waits for tile u - 1's, so
+  // that they are in flight across tile u - 1's conversion and P V(u - 2)
+  // (EARLY; measured: fp8_ds_mla -6%, fp8_v4 -9%, but fp8_pertensor, which
+  // has no scale exponents to gather, +8%: it issues them after the
+  // conversion, as with one set).
+  constexpr bool EARLY = HAS_E;
+  wg::rf_key<LS, DQK> rf0, rf1;
   slot_entry rf_next{-1, -1};
-  auto rf_load = [&](int u) {
+  auto rf_load = [&](wg::rf_key<LS, DQK> &rf, int u) {
     int page, off;
     slot_resolve<LS::host.block_size>(p, rf_next, page, off);
     rf.load(p, page, off, q4);
     rf_next = slot_fetch<1, LS::host.block_size>(p, r, qi, k1, k0 + (u + 1) * KB, n4);
   };
-  // E of tiles u - 1, u and u + 1 at iteration u (the split's running
-  // maximum, so O's units only shrink); each tile's largest scale exponent
-  // gathered by atomicMax one tile ahead.
   int e_prev = E_MIN, e_cur = E_MIN, e_nx = E_MIN;
-  auto e_gather = [&](int u) {
+  auto e_gather = [&](const wg::rf_key<LS, DQK> &rf, int u) {
     if constexpr (HAS_E) {
       const int x = __reduce_max_sync(0xffffffffu, rf.scale_exp());
       if (lane == 0) atomicMax(emax_s + (u & 1), x);
@@ -292,19 +298,19 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
     const int f = emax_s[u & 1];
     return max(e_before, f ? min(max(f - 127 - E_HEADROOM, E_MIN), E_MAX) : E_MIN);
   };
-  auto rf_store = [&](int u, int e) {
+  auto rf_store = [&](const wg::rf_key<LS, DQK> &rf, int u, int e) {
     rf.template store_codes<KB, HAS_E>(Kbase + (u % NKB) * TILE, n4, q4, pow2i(-e));
     if (HAS_E && lt == 0) e_s[u & 1] = e;
     if (q4 == 0) tok_ok[(u % NKB) * KB + n4] = rf.ok;
   };
 
   rf_next = slot_fetch<1, LS::host.block_size>(p, r, qi, k1, k0, n4);
-  rf_load(0);
-  e_gather(0);
+  rf_load(rf0, 0);
+  e_gather(rf0, 0);
   __syncthreads(); // Q
   if (HAS_E) e_cur = e_prev = e_nx = e_of(0, E_MIN);
-  rf_store(0, e_cur);
-  if (niter > 1) rf_load(1);
+  rf_store(rf0, 0, e_cur);
+  if (niter > 1) rf_load(rf1, 1);
   mla::fence_proxy_async();
   __syncthreads(); // tile 0 ready
 
@@ -313,22 +319,21 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
   for (int mt = 0; mt < 4; mt++)
 #pragma unroll
     for (int e = 0; e < 8; e++) o[mt][e] = 0.f;
-  for (int u = 0; u < niter; u++) {
+  // Iteration u: rs holds tile u + 1, rl takes tile u + 2's loads.
+  auto iteration = [&](int u, wg::rf_key<LS, DQK> &rl, const wg::rf_key<LS, DQK> &rs) {
     const int kb = u % NKB, nkb = (u + 1) % NKB;
-    // Tile u + 1, in registers since last iteration, into the buffer of tile
-    // u - 1, whose S (P_FULL(u - 1) seen) and P V (waited for by both
-    // warpgroups) are done; then tile u + 2's loads, while S(u) runs.
     if (u + 1 < niter) {
-      if (HAS_E && u == 0) e_gather(1); // not in the prologue: S(0) does not wait for tile 1's loads
+      e_gather(rs, u + 1);
+      if (EARLY && u + 2 < niter) rf_load(rl, u + 2); // rl held tile u, converted last iteration
       if (u > 0 || HAS_E) mla::bar_sync(BAR_LOADER, 256);
       if constexpr (HAS_E) {
         e_nx = e_of(u + 1, e_cur);
-        if (lt == 0) emax_s[u & 1] = 0; // tile u's slot was read at iteration u - 1
+        if (lt == 0) emax_s[u & 1] = 0; // tile u's slot, read last iteration; tile u + 2 gathers into it
       }
-      rf_store(u + 1, e_nx);
+      rf_store(rs, u + 1, e_nx);
       mla::fence_proxy_async();
       mla::bar_arrive(BAR_FULL0 + nkb, NT);
-      if (u + 2 < niter) rf_load(u + 2);
+      if (!EARLY && u + 2 < niter) rf_load(rl, u + 2);
     }
     mla::bar_sync(BAR_P_FULL0 + u % NPB, NT);
     // codes mode: O was in units of 2^E(u - 1), now of 2^E(u)
@@ -355,7 +360,6 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
 #pragma unroll
       for (int mt = 0; mt < 4; mt++) {
         const uint64_t da = mla::wgmma_desc(v_addr + mt * BLK_K + kk * 16 * 128, BLK_K, 1024);
-        // codes mode: e4m3 blocks lead (f16 P), the rest bf16 (the bf16 twin of P)
         if (mt < CO::lead) mla::wgmma_m64n16k16<true, 1>(o[mt], da, db, 1);
         else mla::wgmma_m64n16k16<false, 1>(o[mt], da, mla::wgmma_desc(p_addr + BLK_Q + kk * 32, 16, 1024), 1);
       }
@@ -364,8 +368,11 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
     mla::wgmma_wait<0>();
 #pragma unroll
     for (int mt = 0; mt < 4; mt++) mla::fence_regs(o[mt]);
-    if (HAS_E && u + 2 < niter) e_gather(u + 2);
     e_prev = e_cur, e_cur = e_nx;
+  };
+  for (int u = 0; u < niter; u += 2) {
+    iteration(u, rf0, rf1);
+    if (u + 1 < niter) iteration(u + 1, rf1, rf0);
   }
   __syncthreads(); // fin_s; every S and P V is done, the K buffers become the output staging
 
