@@ -649,6 +649,38 @@ describe("attention baked specialized kernels", function()
     end
   end)
 
+  it("address pages past 4 GiB of a 61-layer block-major fp8_ds_mla cache (64-bit offsets) #gpu", function()
+    mla.manual_seed(1140)
+    -- 61 layers x 64 tokens x 656 B: stride(0) = 2,561,024 B; block 1700 starts past 2^32 bytes;
+    -- every other byte is 0xFF (NaN codes and scales)
+    local L = mla.layout.get("fp8_ds_mla")
+    local c = mla.cache.new { layout = L, num_blocks = 1750, block_size = 64, num_layers = 61, order = "block_major", device = "cuda" }
+    c.buffers[1]:fill(255)
+    local layer, pages = 60, { 1745, 1700, 1749 }
+    local slots = {}
+    for _, p in ipairs(pages) do for t = 0, 63 do slots[#slots + 1] = p * 64 + t end end
+    -- the test data's sizes (attention_cases: KV std 0.1, q std 3), which FlashMLA's bounds are made for
+    c:write(layer, mla.randn({ #slots, L.dim }, { std = 0.1, device = "cpu" }), mla.tensor(slots, "i64", "cpu"))
+    assert.is_true(c:layer(layer):stride(0) * 1700 > 1 << 32)
+    local case = { kind = "dense", layout = L, cache = c, view = c:view(layer), lens = { 150, 64 },
+      q = mla.randn({ 2, 1, 16, 576 }, { std = 3, dtype = "bf16", device = "cuda" }),
+      block_table = mla.tensor({ { 1745, 1700, 1749 }, { 1749, C.GARBAGE, C.GARBAGE } }, "i32", "cuda"),
+      cache_lens = mla.tensor({ 150, 64 }, "i32", "cuda"), block_size = 64 }
+    both(case, { splits = 2 }, DENSE_OUT, SPEC_VARIANT.fp8_ds_mla)
+    c = nil
+    collectgarbage("collect")
+  end)
+
+  -- the 64-row kernel's spec of the same name, on 16 rows (fp8_v4's bf16 RoPE value dims beside codes x 2^-E)
+  it("bf16 value dims far above and below the e4m3 dims, and beside zero codes, 16 rows (fp8_v4) #gpu", function()
+    for k, c in ipairs { { "fp8_v4", { 448, 512, 2 ^ 6 } }, { "fp8_v4_vllm", { 448, 512, 2 ^ -12 } }, { "fp8_v4", { 0, 448, 0 } } } do
+      mla.manual_seed(1170 + k)
+      local gain = math.max(1, c[2][3])
+      local case = C.dense { layout = c[1], b = 2, s_q = 1, h_q = 16, lens = { 1500, 700 }, kv_dims = c[2], kv_std = 0.1 / gain }
+      for _, splits in ipairs { 1, 3 } do both(case, { splits = splits }, DENSE_OUT, SPEC_VARIANT[c[1]]) end
+    end
+  end)
+
   it("scale exponents rising and falling by 2^12 along a request (16 rows) #gpu", function()
     for k, c in ipairs { { "fp8_ds_mla_amax", { -12, 0 } }, { "fp8_ds_mla", { 0, -12 } }, { "fp8_v4", { -12, 0 } } } do
       mla.manual_seed(1150 + k)
