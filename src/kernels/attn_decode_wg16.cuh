@@ -104,30 +104,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
     if ((CO::f16_blocks >> (c / 8)) & 1)
       qmx = max(qmx, max(max(bf16x2_absmax(val.x), bf16x2_absmax(val.y)), max(bf16x2_absmax(val.z), bf16x2_absmax(val.w))));
   });
-  qmx = __reduce_max_sync(0xffffffffu, qmx);
-  if (lane == 0) qmax_w[tid >> 5] = (int)qmx;
-  if (tid == 0) emax_s[0] = emax_s[1] = 0;
-  __syncthreads();
-  int qk = 0;
-  {
-    int mx = 0;
-#pragma unroll
-    for (int i = 0; i < NT / 32; i++) mx = max(mx, qmax_w[i]);
-    const int e = (mx >> 7) - 127;
-    qk = e >= 15 ? e - 14 : 0;
-    const float qs = pow2i(-qk);
-    const uint32_t qb = __float_as_uint(qs) >> 16, qb2 = qb | qb << 16;
-    for (int idx = tid; idx < MR * NCH; idx += NT) {
-      const int row = idx / NCH, c = idx - row * NCH;
-      uint4 *at = reinterpret_cast<uint4 *>(Qs + mla::sw128_off(MR, row, c));
-      uint4 v = *at;
-      if ((CO::f16_blocks >> (c / 8)) & 1)
-        v = make_uint4(bf16x2_to_f16x2(v.x, qs), bf16x2_to_f16x2(v.y, qs), bf16x2_to_f16x2(v.z, qs), bf16x2_to_f16x2(v.w, qs));
-      else if (qk)
-        v = make_uint4(mla::mul_bf16x2(v.x, qb2), mla::mul_bf16x2(v.y, qb2), mla::mul_bf16x2(v.z, qb2), mla::mul_bf16x2(v.w, qb2));
-      *at = v;
-    }
-  }
+  const int qk = wg::codes_q<CO, MR, NCH, NT>(Qs, qmx, qmax_w, emax_s, tid, lane);
 
   // Accumulator element e of an m64n16 tile: row 16 warp + g + 8 ((e >> 1) & 1),
   // column 8 (e >> 2) + 2 t4 + (e & 1). S^T: rows are keys, columns queries;

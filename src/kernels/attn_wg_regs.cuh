@@ -286,6 +286,38 @@ template <class LS, int DQK> struct rf_key {
   }
 };
 
+// Codes mode, every thread of the CTA (one __syncthreads): Q x 2^-qk in the
+// swizzled Q tile of MR rows, f16 in the f16 blocks (exact; every finite |q|
+// below 2^15), bf16 elsewhere; qmx: the thread's largest finite |q| of the
+// f16 blocks, as bits. Also clears the two tile scale-exponent maxima.
+// Returns qk.
+template <class CO, int MR, int NCH, int NT>
+__device__ __forceinline__ int codes_q(unsigned char *Qs, uint32_t qmx, int *qmax_w, int *emax_s, int tid, int lane) {
+  int qk;
+  qmx = __reduce_max_sync(0xffffffffu, qmx);
+  if (lane == 0) qmax_w[tid >> 5] = (int)qmx;
+  if (tid == 0) emax_s[0] = emax_s[1] = 0;
+  __syncthreads();
+  int mx = 0;
+#pragma unroll
+  for (int i = 0; i < NT / 32; i++) mx = max(mx, qmax_w[i]);
+  const int e = (mx >> 7) - 127;
+  qk = e >= 15 ? e - 14 : 0;
+  const float qs = pow2i(-qk);
+  const uint32_t qb = __float_as_uint(qs) >> 16, qb2 = qb | qb << 16;
+  for (int idx = tid; idx < MR * NCH; idx += NT) {
+    const int row = idx / NCH, c = idx - row * NCH;
+    uint4 *at = reinterpret_cast<uint4 *>(Qs + mla::sw128_off(MR, row, c));
+    uint4 v = *at;
+    if ((CO::f16_blocks >> (c / 8)) & 1)
+      v = make_uint4(bf16x2_to_f16x2(v.x, qs), bf16x2_to_f16x2(v.y, qs), bf16x2_to_f16x2(v.z, qs), bf16x2_to_f16x2(v.w, qs));
+    else if (qk)
+      v = make_uint4(mla::mul_bf16x2(v.x, qb2), mla::mul_bf16x2(v.y, qb2), mla::mul_bf16x2(v.z, qb2), mla::mul_bf16x2(v.w, qb2));
+    *at = v;
+  }
+  return qk;
+}
+
 template <class LS, int DQK> constexpr bool rf_allowed() {
   if constexpr (std::is_void<LS>::value) return false;
   else return rf_ok(LS::host, DQK);
