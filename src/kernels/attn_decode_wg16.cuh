@@ -6,9 +6,9 @@
 //   warpgroup 0: S^T = K Q^T (m64n16k16, A = the tile's 64 keys, B = Q),
 //     the online softmax over keys (the tile's maxima shared among its four
 //     warps through shared memory), P^T handed over as a 16-row K-major tile;
-//   warpgroups 1 and 2: each thread loads a quarter of one key's token row a
-//     tile ahead into registers and converts it into the swizzled f16 K tile
-//     (codes mode: e4m3 code x f16(s x 2^-E)); then O^T += V^T P^T
+//   warpgroups 1 and 2: each thread loads a quarter of one key's token row
+//     into registers up to two tiles ahead and converts it into the swizzled
+//     f16 K tile (codes mode: e4m3 code x f16(s x 2^-E)); then O^T += V^T P^T
 //     (m64n16k16, A = value dims read MN-major from the same K tile) for
 //     value dims 256 (wgi - 1)..+256, four m-tiles of 64 dims.
 // Work split, masks, codes-mode units (Q x 2^-qk, the split's running scale
