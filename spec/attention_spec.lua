@@ -477,6 +477,23 @@ for _, impl in ipairs { "baked", "jit" } do
   end)
 end
 
+-- A dense case over layer 60 of a 61-layer block-major cache of `num_blocks` pages whose every other byte is
+-- 0xFF: request 0 reads pages[1..3] (150 keys), request 1 pages[3] (64 keys); pages[2] starts past 2^32 bytes.
+-- kv_std / q_std: the data's sizes (default 1).
+local function far_pages_case(name, num_blocks, pages, kv_std, q_std)
+  local L = mla.layout.get(name)
+  local c = mla.cache.new { layout = L, num_blocks = num_blocks, block_size = 64, num_layers = 61, order = "block_major", device = "cuda" }
+  c.buffers[1]:fill(255)
+  local layer, slots = 60, {}
+  for _, p in ipairs(pages) do for t = 0, 63 do slots[#slots + 1] = p * 64 + t end end
+  c:write(layer, mla.randn({ #slots, L.dim }, { std = kv_std, device = "cpu" }), mla.tensor(slots, "i64", "cpu"))
+  assert.is_true(c:layer(layer):stride(0) * pages[2] > 1 << 32)
+  return { kind = "dense", layout = L, cache = c, view = c:view(layer), lens = { 150, 64 },
+    q = mla.randn({ 2, 1, 16, 576 }, { std = q_std, dtype = "bf16", device = "cuda" }),
+    block_table = mla.tensor({ pages, { pages[3], C.GARBAGE, C.GARBAGE } }, "i32", "cuda"),
+    cache_lens = mla.tensor({ 150, 64 }, "i32", "cuda"), block_size = 64 }
+end
+
 describe("attention baked kernels", function()
   S.on_device("cuda", before_each, after_each)
   it("give the same answer with one split, several, and the automatic count #gpu", function()
@@ -506,18 +523,7 @@ describe("attention baked kernels", function()
   it("address pages past 4 GiB of a 61-layer block-major cache (64-bit offsets) #gpu", function()
     mla.manual_seed(720)
     -- 61 layers x 64 tokens x 1152 B: stride(0) = 4,497,408 B; block 960 starts past 2^32 bytes
-    local L = mla.layout.get("bf16")
-    local c = mla.cache.new { layout = L, num_blocks = 1000, block_size = 64, num_layers = 61, order = "block_major", device = "cuda" }
-    c.buffers[1]:fill(255)
-    local layer, pages = 60, { 997, 960, 999 }
-    local slots = {}
-    for _, p in ipairs(pages) do for t = 0, 63 do slots[#slots + 1] = p * 64 + t end end
-    c:write(layer, mla.randn({ #slots, L.dim }, { device = "cpu" }), mla.tensor(slots, "i64", "cpu"))
-    assert.is_true(c:layer(layer):stride(0) * 960 > 1 << 32)
-    local case = { kind = "dense", layout = L, cache = c, view = c:view(layer), lens = { 150, 64 },
-      q = mla.randn({ 2, 1, 16, 576 }, { dtype = "bf16", device = "cuda" }),
-      block_table = mla.tensor({ { 997, 960, 999 }, { 999, C.GARBAGE, C.GARBAGE } }, "i32", "cuda"),
-      cache_lens = mla.tensor({ 150, 64 }, "i32", "cuda"), block_size = 64 }
+    local case = far_pages_case("bf16", 1000, { 997, 960, 999 })
     local out, lse = run(case, "baked")
     against_ref(case, {}, out, lse, DENSE_OUT)
   end)
@@ -651,23 +657,11 @@ describe("attention baked specialized kernels", function()
 
   it("address pages past 4 GiB of a 61-layer block-major fp8_ds_mla cache (64-bit offsets) #gpu", function()
     mla.manual_seed(1140)
-    -- 61 layers x 64 tokens x 656 B: stride(0) = 2,561,024 B; block 1700 starts past 2^32 bytes;
-    -- every other byte is 0xFF (NaN codes and scales)
-    local L = mla.layout.get("fp8_ds_mla")
-    local c = mla.cache.new { layout = L, num_blocks = 1750, block_size = 64, num_layers = 61, order = "block_major", device = "cuda" }
-    c.buffers[1]:fill(255)
-    local layer, pages = 60, { 1745, 1700, 1749 }
-    local slots = {}
-    for _, p in ipairs(pages) do for t = 0, 63 do slots[#slots + 1] = p * 64 + t end end
-    -- the test data's sizes (attention_cases: KV std 0.1, q std 3), which FlashMLA's bounds are made for
-    c:write(layer, mla.randn({ #slots, L.dim }, { std = 0.1, device = "cpu" }), mla.tensor(slots, "i64", "cpu"))
-    assert.is_true(c:layer(layer):stride(0) * 1700 > 1 << 32)
-    local case = { kind = "dense", layout = L, cache = c, view = c:view(layer), lens = { 150, 64 },
-      q = mla.randn({ 2, 1, 16, 576 }, { std = 3, dtype = "bf16", device = "cuda" }),
-      block_table = mla.tensor({ { 1745, 1700, 1749 }, { 1749, C.GARBAGE, C.GARBAGE } }, "i32", "cuda"),
-      cache_lens = mla.tensor({ 150, 64 }, "i32", "cuda"), block_size = 64 }
+    -- 61 layers x 64 tokens x 656 B: stride(0) = 2,561,024 B; block 1700 starts past 2^32 bytes. The test
+    -- data's sizes (attention_cases: KV std 0.1, q std 3), which FlashMLA's bounds are made for.
+    local case = far_pages_case("fp8_ds_mla", 1750, { 1745, 1700, 1749 }, 0.1, 3)
     both(case, { splits = 2 }, DENSE_OUT, SPEC_VARIANT.fp8_ds_mla)
-    c = nil
+    case = nil
     collectgarbage("collect")
   end)
 

@@ -5,7 +5,7 @@
  * cache_lens (+ causal) or indices (+ topk_len), sink?, scale, out, lse,
  * check (validate index values on the host), splits (baked, 0 = auto),
  * specialize (baked, default true; false forces the generic kernel, "slice" the V-slice kernel for 16-row tiles).
- *   core.attn_last_variant() -> "generic" | built-in layout name | "none"
+ *   core.attn_last_variant() -> "generic" | "wgmma" | "wgmma16" | built-in layout name (V-slice kernel) | "none"
  * lua/mlalab/attention.lua allocates outputs and gives friendlier errors;
  * every rule is enforced here too, so no call can crash. */
 #include <math.h>
@@ -182,7 +182,7 @@ static void read_inputs(call *c, decode_in *in, mla_dtype out_dt) {
   if (!lua_isnil(L, -1) && !lua_isboolean(L, -1) && !slice)
     lerrf(L, "%s: specialize must be true, false (the generic kernel) or \"slice\" (the V-slice kernel for 16-row "
           "tiles), got %s", c->fn, lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : luaL_typename(L, -1));
-  in->specialize = slice ? 2 : lua_isnil(L, -1) ? 1 : lua_toboolean(L, -1);
+  in->specialize = slice ? MLA_ATTN_SLICE : lua_isnil(L, -1) || lua_toboolean(L, -1) ? MLA_ATTN_SPECIALIZED : MLA_ATTN_GENERIC;
 }
 
 /* Host check of the index values; returns the most keys any problem has. */

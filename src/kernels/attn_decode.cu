@@ -218,13 +218,13 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   int per_sm = 0;
   cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
   const spec_variant *bv = p.identity ? nullptr : find_variant(*d, p); // a built-in fp8 layout's kernels
-  // 16-row tiles of a built-in: the wgmma kernel on Hopper (specialize = 2:
+  // 16-row tiles of a built-in: the wgmma kernel on Hopper (MLA_ATTN_SLICE:
   // the V-slice kernel instead), else the V-slice kernel
-  const bool wg16k = specialize == 1 && mr == 16 && bv && bv->wg16_fn && wg_available(props) &&
+  const bool wg16k = specialize == MLA_ATTN_SPECIALIZED && mr == 16 && bv && bv->wg16_fn && wg_available(props) &&
                      bv->wg16_smem <= props.max_smem_optin;
-  const spec_variant *sv = specialize && mr == 16 && !wg16k ? bv : nullptr;
+  const spec_variant *sv = specialize != MLA_ATTN_GENERIC && mr == 16 && !wg16k ? bv : nullptr;
   const int wg_mode = wg_mode_for(p.identity, bv);
-  const int wg_nst = specialize && mr == 64 && wg_available(props) ? wg_stages(dqk, wg_mode, p.stage_pitch, props.max_smem_optin) : 0;
+  const int wg_nst = specialize != MLA_ATTN_GENERIC && mr == 64 && wg_available(props) ? wg_stages(dqk, wg_mode, p.stage_pitch, props.max_smem_optin) : 0;
   const bool wgk = wg_nst > 0;
   int ctas_per_sm = mr <= 32 ? 2 : 1, nst = 0, smem = 0, tile = BN, tile_keys = BN; // tile: unit of the KV split
   const void *fn = nullptr;

@@ -35,12 +35,14 @@ int mla_attn_baked_supports(const mla_layout_desc *d, const mla_attn_args *a);
  * bounds the keys of one problem (sizes the split count); splits = 0 picks
  * the count from the SM count and the batch. Out-of-range pages or slots are
  * treated as missing keys (the caller checks values beforehand).
- * specialize = 1 lets a descriptor equal (for reading) to a built-in fp8
- * layout's run that layout's compile-time-specialized kernels (16-row tiles:
- * the wgmma one on Hopper, else the V-slice one; 64-row tiles: the wgmma
- * kernel's register-fed tiles); 2 the same but the V-slice kernel for 16-row
- * tiles on Hopper too; 0 forces the generic, descriptor-driven kernel.
+ * specialize (mla_attn_specialize): MLA_ATTN_SPECIALIZED lets a descriptor
+ * equal (for reading) to a built-in fp8 layout's run that layout's
+ * compile-time-specialized kernels (16-row tiles: the wgmma one on Hopper,
+ * else the V-slice one; 64-row tiles: the wgmma kernel's register-fed
+ * tiles); MLA_ATTN_SLICE the same but the V-slice kernel for 16-row tiles on
+ * Hopper too; MLA_ATTN_GENERIC forces the generic, descriptor-driven kernel.
  * Returns 0, or -1 with mla_err. */
+enum mla_attn_specialize { MLA_ATTN_GENERIC = 0, MLA_ATTN_SPECIALIZED = 1, MLA_ATTN_SLICE = 2 };
 int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_view *v, const mla_attn_args *a, int64_t max_keys,
                          int splits, int specialize, void *out, float *lse, int dev, mla_attn_plan *plan);
 

@@ -242,6 +242,16 @@ template <int MR, int TB = BN> __device__ __forceinline__ cta_work cta_work_of(c
   return w;
 }
 
+// Output dims [4c, 4c + 4) of the chunk's row `row`, v times f: the split's
+// f32 partial, or the final bf16 row when there is one split.
+__device__ __forceinline__ void store_out4(const params &p, const cta_work &w, int row, int c, float4 v, float f) {
+  if (p.nsplits > 1)
+    reinterpret_cast<float4 *>(p.o_acc + (w.part + w.row0 + row) * DV)[c] = make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
+  else
+    reinterpret_cast<uint2 *>(p.out + ((int64_t)w.prob * p.rows + w.row0 + row) * DV)[c] =
+        make_uint2(mla::pack_bf16x2(v.x * f, v.y * f), mla::pack_bf16x2(v.z * f, v.w * f));
+}
+
 // A split with nothing to attend: zero output rows and an empty LSE.
 template <int NT> __device__ __forceinline__ void write_empty_split(const params &p, const cta_work &w, int tid) {
   for (int idx = tid; idx < w.nrows * (DV / 4); idx += NT) {

@@ -379,15 +379,9 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   // exponent gathered by atomicMax one tile ahead.
   int e_prev = E_MIN, e_cur = E_MIN, e_nx = E_MIN;
   auto e_gather = [&](int u) {
-    if constexpr (HAS_E) {
-      const int x = __reduce_max_sync(0xffffffffu, rf.scale_exp());
-      if (lane == 0) atomicMax(emax_s + (u & 1), x);
-    }
+    if constexpr (HAS_E) gather_scale_exp(rf.scale_exp(), emax_s + (u & 1), lane);
   };
-  auto e_of = [&](int u, int e_before) { // after the barrier that follows e_gather(u)
-    const int f = emax_s[u & 1];
-    return max(e_before, f ? min(max(f - 127 - E_HEADROOM, E_MIN), E_MAX) : E_MIN);
-  };
+  auto e_of = [&](int u, int e_before) { return tile_exponent(emax_s[u & 1], e_before); }; // after the barrier that follows e_gather(u)
   auto rf_store = [&](int u, int e) {
     if constexpr (REGS) {
       if constexpr (CODES) {

@@ -23,8 +23,6 @@
 namespace mla_attn {
 namespace wg16 {
 
-using wg::E_HEADROOM;
-using wg::E_MAX;
 using wg::E_MIN;
 using wg::pow2i;
 
@@ -266,15 +264,9 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
   };
   int e_prev = E_MIN, e_cur = E_MIN, e_nx = E_MIN;
   auto e_gather = [&](const wg::rf_key<LS, DQK> &rf, int u) {
-    if constexpr (HAS_E) {
-      const int x = __reduce_max_sync(0xffffffffu, rf.scale_exp());
-      if (lane == 0) atomicMax(emax_s + (u & 1), x);
-    }
+    if constexpr (HAS_E) wg::gather_scale_exp(rf.scale_exp(), emax_s + (u & 1), lane);
   };
-  auto e_of = [&](int u, int e_before) { // after the barrier that follows e_gather(u)
-    const int f = emax_s[u & 1];
-    return max(e_before, f ? min(max(f - 127 - E_HEADROOM, E_MIN), E_MAX) : E_MIN);
-  };
+  auto e_of = [&](int u, int e_before) { return wg::tile_exponent(emax_s[u & 1], e_before); }; // after the barrier that follows e_gather(u)
   auto rf_store = [&](const wg::rf_key<LS, DQK> &rf, int u, int e) {
     rf.template store_codes<KB, HAS_E>(Kbase + (u % NKB) * TILE, n4, q4, pow2i(-e));
     if (HAS_E && lt == 0) e_s[u & 1] = e;
@@ -367,13 +359,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
   const float unit = (HAS_E ? pow2i(e_prev) : 1.0f) * (CO::tensor ? tscale : 1.0f);
   for (int idx = lt; idx < w.nrows * (DV / 4); idx += 256) {
     const int row = idx / (DV / 4), c = idx - row * (DV / 4);
-    const float f = fin_s[row] * unit;
-    const float4 v = *reinterpret_cast<const float4 *>(ob + row * OP + 4 * c);
-    if (p.nsplits > 1)
-      reinterpret_cast<float4 *>(p.o_acc + (w.part + w.row0 + row) * DV)[c] = make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
-    else
-      reinterpret_cast<uint2 *>(p.out + ((int64_t)w.prob * p.rows + w.row0 + row) * DV)[c] =
-          make_uint2(mla::pack_bf16x2(v.x * f, v.y * f), mla::pack_bf16x2(v.z * f, v.w * f));
+    store_out4(p, w, row, c, *reinterpret_cast<const float4 *>(ob + row * OP + 4 * c), fin_s[row] * unit);
   }
 #else
   __trap(); // the launcher only picks this kernel where sm_90a code exists

@@ -583,13 +583,7 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_slice_kernel(const __grid_c
     const float *ob = reinterpret_cast<const float *>(stages);
     for (int idx = tid; idx < w.nrows * (DV / 4); idx += NT) {
       const int row = idx / (DV / 4), c = idx - row * (DV / 4);
-      const float f = rowf[row];
-      const float4 v = *reinterpret_cast<const float4 *>(ob + row * OP + 4 * c);
-      if (p.nsplits > 1)
-        reinterpret_cast<float4 *>(p.o_acc + (w.part + w.row0 + row) * DV)[c] = make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
-      else
-        reinterpret_cast<uint2 *>(p.out + ((int64_t)w.prob * p.rows + w.row0 + row) * DV)[c] =
-            make_uint2(mla::pack_bf16x2(v.x * f, v.y * f), mla::pack_bf16x2(v.z * f, v.w * f));
+      mla_attn::store_out4(p, w, row, c, *reinterpret_cast<const float4 *>(ob + row * OP + 4 * c), rowf[row]);
     }
   }
   mla_attn::write_lse<NT>(p, w, m_fin, l_fin, tid);

@@ -169,6 +169,18 @@ __host__ __device__ constexpr bool rf_tensor_scaled(const mla_layout_desc &d, in
 // Headroom below the largest scale: codes (< 2^9) x f16(s x 2^-E) < 2^15.
 constexpr int E_HEADROOM = 5, E_MIN = -64, E_MAX = 64;
 
+// Codes mode, per tile: a warp's share of the tile's largest scale exponent
+// field (x: the lane's), folded into *slot; after a barrier, tile_exponent
+// turns the slot into the tile's E (the split's running maximum e_before
+// raised to the field less the headroom, within [E_MIN, E_MAX]).
+__device__ __forceinline__ void gather_scale_exp(int x, int *slot, int lane) {
+  x = __reduce_max_sync(0xffffffffu, x);
+  if (lane == 0) atomicMax(slot, x);
+}
+__device__ __forceinline__ int tile_exponent(int field, int e_before) {
+  return max(e_before, field ? min(max(field - 127 - E_HEADROOM, E_MIN), E_MAX) : E_MIN);
+}
+
 // 2^x for an integer x in [-126, 127]
 __device__ __forceinline__ float pow2i(int x) { return __uint_as_float((uint32_t)(127 + x) << 23); }
 
