@@ -580,10 +580,12 @@ describe("attention baked specialized kernels", function()
 
   -- the device is asked inside the tests: describe blocks also run on CPU-only CI
   local function hopper() return mla.device_props(0).arch == "sm_90" end
-  -- specialize = true (wgmma16 on Hopper), "slice" (the V-slice kernel, named by its layout), false
+  -- specialize = true (on Hopper wgmma16rs where every value dim is an e4m3 code, else wgmma16),
+  -- "slice" (the V-slice kernel, named by its layout), false
+  local function hopper16(slice) return slice == "fp8_v4" and "wgmma16" or "wgmma16rs" end
   local function both(case, opts, preset, want)
     return specialized_and_generic(case, opts, preset, function(spec)
-      return spec == true and hopper() and "wgmma16" or want
+      return spec == true and hopper() and hopper16(want) or want
     end, 16, { true, "slice", false })
   end
 
@@ -696,7 +698,7 @@ describe("attention baked specialized kernels", function()
   it("are chosen by descriptor equality, not by name: a renamed copy is served, other descriptors are not #gpu", function()
     local base = mla.layout.get("fp8_ds_mla")
     local cases = {
-      { L = base:with { name = "ds_mla_renamed" }, bs = 64, want = hopper() and "wgmma16" or "fp8_ds_mla" },
+      { L = base:with { name = "ds_mla_renamed" }, bs = 64, want = hopper() and hopper16("fp8_ds_mla") or "fp8_ds_mla" },
       { L = base:with { name = "ds_mla_g64", scale = { nope = { group = 64 } } }, bs = 64, want = "generic" },
       { L = base, bs = 32, want = "generic" }, -- built-in descriptors are compiled at block_size 64
     }

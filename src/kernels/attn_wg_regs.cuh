@@ -280,6 +280,33 @@ template <class LS, int DQK> struct rf_key {
     });
   }
 
+  // Codes mode, into registers: pair I's 16 dims of this quarter as 8 f16x2
+  // (bf16x2 for a bf16 block), h[k] = dims 2k, 2k + 1; ef = 2^-E.
+  template <int I, bool HAS_E> __device__ __forceinline__ void frag(uint32_t (&h)[8], float ef) const {
+    using namespace mla_attn_spec;
+    constexpr rf_chunk a0 = rf_pair(LS::host, I);
+    static_assert(!is_fp8_kind(a0.kind) || ((rf_f16_blocks(LS::host, DQK) >> I) & 1), "e4m3 blocks as f16 codes only");
+    if constexpr (is_fp8_kind(a0.kind)) {
+      const uint32_t w[4] = {d[I][0].x, d[I][0].y, d[I][0].z, d[I][0].w};
+#pragma unroll
+      for (int j = 0; j < 4; j++) h[2 * j] = mla::e4m3x2_f16(w[j]), h[2 * j + 1] = mla::e4m3x2_f16(w[j] >> 16);
+      if constexpr (a0.kind == SK_FP8_F32 || a0.kind == SK_FP8_UE8M0 || (a0.kind == SK_FP8_ONE && HAS_E)) {
+        const float s = pair_scale<I>(1.0f);
+        const uint32_t s2 = mla::pack_f16x2(s * ef, s * ef);
+#pragma unroll
+        for (int j = 0; j < 8; j++) h[j] = mla::mul_f16x2(h[j], s2);
+      }
+    } else if constexpr (a0.kind == SK_COPY) {
+      const uint32_t v[8] = {d[I][0].x, d[I][0].y, d[I][0].z, d[I][0].w, d[I][1].x, d[I][1].y, d[I][1].z, d[I][1].w};
+      const uint32_t eb = __float_as_uint(ef) >> 16, eb2 = eb | eb << 16; // bf16x2 of 2^-E, exact
+#pragma unroll
+      for (int j = 0; j < 8; j++) h[j] = HAS_E ? mla::mul_bf16x2(v[j], eb2) : v[j];
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; j++) h[j] = 0;
+    }
+  }
+
   // Converts into rows n of the swizzled K tile kt (KB rows).
   template <int KB> __device__ __forceinline__ void store(unsigned char *kt, int n, int q, float tscale) const {
     using namespace mla_attn_spec;

@@ -97,6 +97,25 @@ template <bool F16, int TA> __device__ __forceinline__ void wgmma_m64n16k16(floa
 #endif
 }
 
+/* The same with A in registers (the m16n8k16 A fragment of the warp's 16
+ * rows: a0 (g, 2t..2t+1), a1 (g + 8, 2t..), a2 (g, 2t + 8..), a3 (g + 8, 2t + 8..)),
+ * B K-major in shared memory. A's registers stay untouched until the wait. */
+template <bool F16>
+__device__ __forceinline__ void wgmma_m64n16k16_rs(float (&d)[8], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db, int scale_d) {
+#if MLA_HAVE_WGMMA
+  if constexpr (F16)
+    asm volatile(MLA_WGMMA_PRED(13) "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 " MLA_WGMMA_D8 ", {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+                 : MLA_WGMMA_F8(d, 0)
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(scale_d));
+  else
+    asm volatile(MLA_WGMMA_PRED(13) "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " MLA_WGMMA_D8 ", {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+                 : MLA_WGMMA_F8(d, 0)
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(scale_d));
+#else
+  __trap();
+#endif
+}
+
 /* d += A (64 x 16) B (16 x 32), both K-major; scale_d = 0 overwrites d. */
 __device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t da, uint64_t db, int scale_d) {
 #if MLA_HAVE_WGMMA

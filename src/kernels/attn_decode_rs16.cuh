@@ -1,0 +1,386 @@
+// The Hopper decode kernel for 16-row tiles of the fp8 built-ins whose value
+// dims are all e4m3 codes (fp8_ds_mla, fp8_pertensor): two symmetric
+// warpgroups, each an independent split of the CTA's keys (tiles wgi,
+// wgi + 2, ...), merged in the epilogue. Per tile a warpgroup
+//   - holds its 64 keys' token rows in registers, loaded one tile ahead:
+//     thread (warp w, g, t) owns quarter t of keys 16w + g and 16w + g + 8,
+//     i.e. dims 64i + 16t .. + 16 of every 64-dim block i;
+//   - converts them to f16 codes (codes mode) straight into the A fragments
+//     of S^T = K Q^T (m64n16k16, A in registers), so no K tile is stored or
+//     read back for S; Q's dims are permuted within each 64-dim block so that
+//     k-step s of block i takes dims 16t + 4s .. + 4 from quarter t;
+//   - stores the value dims' f16 codes once into its V tile, the A operand of
+//     O^T += V^T P^T (m64n16k16 from shared memory, eight 64-dim m-tiles).
+// Units: key k's codes carry f16(s x 2^-E_k), E_k from the key's own largest
+// scale exponent less headroom (no reduction before the conversion); S is
+// corrected per key in f32, P V takes P x 2^(E_k - E_run), E_run the
+// warpgroup's running maximum (O^T in units of 2^E_run).
+// Masks, Q's power of two and the epilogue's semantics are the other wgmma
+// kernels'. Against attn_decode_wg16.cuh (three warpgroups, K tiles through
+// shared memory) it stores 64 KB instead of 73.7 KB per tile and reads no K
+// tile back (an m64n16k16 with A in shared memory takes 20 cycles, bound by
+// the 2 KB A read; with A in registers 16.5: bench/probes/wgmma_n16_rate.cu). fp8_v4 stays on
+// wgmma16: its bf16 RoPE value dims need a bf16 twin of P here, and with
+// every e4m3 block as f16 codes it spilled and ran 27% slower (measured).
+// sm_90a only.
+#ifndef MLA_ATTN_DECODE_RS16_CUH
+#define MLA_ATTN_DECODE_RS16_CUH
+
+#include "attn_decode_wg.cuh"
+
+namespace mla_attn {
+namespace rs16 {
+
+using wg::E_MIN;
+using wg::pow2i;
+
+constexpr int MR = 16, NT = 256, KB = 64, NPB = 2;
+// S accumulators, k-step k into k % SACC: two dependent wgmma chains instead
+// of one (measured: fp8_ds_mla -10%, fp8_pertensor even)
+constexpr int SACC = 2;
+constexpr int BLK_Q = MR * 128, BLK_K = KB * 128; // one 64-dim block of Q rows / of V rows
+constexpr int OP = DV + 4;                        // output staging pitch (f32)
+constexpr int VT = (DV / 64) * BLK_K;             // one warpgroup's V tile
+
+// Named barriers per warpgroup w: its tile maxima, its P and V tiles, its V tile free again.
+constexpr int bar_max(int w) { return 1 + w; }
+constexpr int bar_pv(int w) { return 3 + w; }
+constexpr int bar_free(int w) { return 5 + w; }
+
+// Whether a layout runs here: codes mode with every value dim an e4m3 code.
+template <class LS> constexpr bool allowed() {
+  using CO = wg::codes_of<LS, LS::host.k_dims>;
+  return CO::on && !CO::mixed;
+}
+
+struct smem_plan {
+  int q, v, p, smax, rows, lsum, fin, misc, total;
+};
+template <int DQK> __host__ __device__ constexpr smem_plan make_smem_plan() {
+  smem_plan s{};
+  int o = 0;
+  s.q = o, o += DQK / 64 * BLK_Q;
+  s.v = o, o += 2 * VT;
+  s.p = o, o += 2 * NPB * BLK_Q;
+  s.smax = o, o += 2 * (MR + 1) * 4 * 4; // per warpgroup: [query][warp] tile maxima, then [warp] key exponents
+  s.rows = o, o += 2 * 3 * MR * 4;       // per warpgroup: m, E_run (bits), merge factor of each query
+  s.lsum = o, o += 2 * 2 * 4 * MR * 4;   // per warpgroup: row sums per warp, l then the rounded sum
+  s.fin = o, o += MR * 4;
+  s.misc = o, o += 16 * 4; // Q's warp maxima [0, 8), [8, 10) unused
+  s.total = o + 1024;
+  return s;
+}
+template <class LS> constexpr int smem_bytes() { return make_smem_plan<LS::host.k_dims>().total; }
+
+// Byte of Q dim d (within its 64-dim block) in the block's swizzled row:
+// quarter t's dims 16t + 4s + j sit in k-step s at column 2t + j % 2 + 8 (j / 2).
+__device__ __forceinline__ int q_perm_off(int row, int d) {
+  const int i = d >> 6, dd = d & 63, t = dd >> 4, s = (dd >> 2) & 3, j = dd & 3;
+  const int col = 16 * s + 2 * t + (j & 1) + 8 * (j >> 1);
+  return mla::sw128_off(MR, row, 8 * i + (col >> 3)) + (col & 7) * 2;
+}
+
+// One 16-byte shared store from four registers: a vector store even where
+// the registers also feed a wgmma in another order (the compiler would
+// otherwise split it into four 4-byte stores, 4-way bank conflicts).
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+template <int DQK, class LS>
+__global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_constant__ params p) {
+#if MLA_HAVE_WGMMA
+  using CO = wg::codes_of<LS, DQK>;
+  static_assert(CO::on && !CO::mixed && DQK == LS::host.k_dims, "the register-A 16-row kernel runs e4m3-valued built-ins in codes mode");
+  static_assert(2 * MR * OP * 4 <= 2 * VT, "the output staging reuses the V tiles");
+  constexpr bool HAS_E = CO::has_e;
+  constexpr int NCH = DQK / 8, NI = DQK / 64, BS = LS::host.block_size;
+  extern __shared__ __align__(16) unsigned char smem_window[];
+  unsigned char *smem = smem_window + ((1024 - (mla::smem_addr(smem_window) & 1023)) & 1023);
+  constexpr smem_plan L = make_smem_plan<DQK>();
+  unsigned char *Qs = smem + L.q;
+  int *qmax_w = reinterpret_cast<int *>(smem + L.misc);
+
+  const int tid = threadIdx.x, wgi = tid >> 7, wt = tid & 127, warp = wt >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
+  unsigned char *Vt = smem + L.v + wgi * VT;
+  float *smax_s = reinterpret_cast<float *>(smem + L.smax) + wgi * (MR + 1) * 4;
+  int *kexp_s = reinterpret_cast<int *>(smax_s + MR * 4);
+  float *rows_s = reinterpret_cast<float *>(smem + L.rows);
+  float *lsum_s = reinterpret_cast<float *>(smem + L.lsum);
+  float *fin_s = reinterpret_cast<float *>(smem + L.fin);
+
+  const cta_work w = cta_work_of<MR, wg::SPLIT_KEYS>(p);
+  if (w.t_begin >= w.t_end) return write_empty_split<NT>(p, w, tid);
+  const int r = w.r, qi = w.qi, k0 = w.t_begin * wg::SPLIT_KEYS, k1 = min(w.t_end * wg::SPLIT_KEYS, w.nkeys);
+  const int niter = (k1 - k0 + KB - 1) / KB;
+  const float tscale = p.v.tensor_scale ? __ldg(p.v.tensor_scale) : 1.0f;
+
+  // This thread's keys of a tile: ka and ka + 8, quarter t4; the first tile's
+  // loads go out before Q's.
+  const int ka = 16 * warp + g;
+  wg::rf_key<LS, DQK> ra, rb;
+  slot_entry na = slot_fetch<1, BS>(p, r, qi, k1, k0 + wgi * KB, ka), nb = slot_fetch<1, BS>(p, r, qi, k1, k0 + wgi * KB, ka + 8);
+  auto load_tile = [&](int u) {
+    int page, off;
+    slot_resolve<BS>(p, na, page, off);
+    ra.load(p, page, off, t4);
+    slot_resolve<BS>(p, nb, page, off);
+    rb.load(p, page, off, t4);
+    na = slot_fetch<1, BS>(p, r, qi, k1, k0 + (u + 2) * KB, ka), nb = slot_fetch<1, BS>(p, r, qi, k1, k0 + (u + 2) * KB, ka + 8);
+  };
+  if (wgi < niter) load_tile(wgi);
+
+  // Q rows, dims permuted (q_perm_off); codes mode: Q x 2^-qk.
+  uint32_t qmx = 0;
+  load_q_rows<MR, NCH>(p, w, tid, NT, [&](int row, int c, uint4 val) {
+    const uint32_t v4[4] = {val.x, val.y, val.z, val.w};
+#pragma unroll
+    for (int e = 0; e < 8; e++)
+      *reinterpret_cast<uint16_t *>(Qs + q_perm_off(row, 8 * c + e)) = (uint16_t)(v4[e >> 1] >> (16 * (e & 1)));
+    if ((CO::f16_blocks >> (c / 8)) & 1)
+      qmx = max(qmx, max(max(bf16x2_absmax(val.x), bf16x2_absmax(val.y)), max(bf16x2_absmax(val.z), bf16x2_absmax(val.w))));
+  });
+  const int qk = wg::codes_q<CO, MR, NCH, NT>(Qs, qmx, qmax_w, qmax_w + 8, tid, lane);
+  mla::fence_proxy_async(); // this thread's Q rows, for the tensor cores
+  __syncthreads();
+
+  // Accumulator element e of an m64n16 tile: row 16 warp + g + 8 ((e >> 1) & 1),
+  // column 8 (e >> 2) + 2 t4 + (e & 1). S^T: rows are keys, columns queries;
+  // O^T: rows are value dims.
+  auto qcol = [&](int j, int e1) { return 8 * j + 2 * t4 + e1; };
+  int lim[2][2];
+  float m_run[2][2], l_run[2][2], lr_run[2][2]; // per query; the sums over this thread's keys only
+#pragma unroll
+  for (int j = 0; j < 2; j++)
+#pragma unroll
+    for (int e1 = 0; e1 < 2; e1++) {
+      lim[j][e1] = !p.sparse && p.causal && p.s_q > 1 ? w.s_k - p.s_q + (w.row0 + qcol(j, e1)) / p.h_q : 0x7fffffff;
+      m_run[j][e1] = -CUDART_INF_F, l_run[j][e1] = lr_run[j][e1] = 0.f;
+    }
+  float o[DV / 64][8];
+#pragma unroll
+  for (int mt = 0; mt < DV / 64; mt++)
+#pragma unroll
+    for (int e = 0; e < 8; e++) o[mt][e] = 0.f;
+  int e_run = E_MIN;
+  const uint32_t q_addr = mla::smem_addr(Qs), v_addr = mla::smem_addr(Vt);
+  // this thread's V-tile chunks: rows ka (ka + 8: 8 rows on), chunks 2 t4 and 2 t4 + 1 of each 64-dim block
+  const uint32_t vs0 = v_addr + ka * 128 + (((2 * t4) ^ g) << 4), vs1 = v_addr + ka * 128 + (((2 * t4 + 1) ^ g) << 4);
+  const float s_fac = p.scale_log2 * pow2i(qk) * (CO::tensor ? tscale : 1.0f);
+
+  for (int u = wgi, it = 0; u < niter; u += 2, it++) {
+    // E_k of the two keys (codes x f16(s x 2^-E_k) stays below 2^15)
+    const int ea = HAS_E ? wg::tile_exponent(ra.scale_exp(), E_MIN) : 0, eb = HAS_E ? wg::tile_exponent(rb.scale_exp(), E_MIN) : 0;
+    const bool oka = ra.ok, okb = rb.ok;
+    // S^T = K Q^T, A converted block by block; value blocks also into the V tile
+    float sa[SACC][8];
+#pragma unroll
+    for (int x = 0; x < SACC; x++) {
+#pragma unroll
+      for (int e = 0; e < 8; e++) sa[x][e] = 0.f;
+      mla::fence_regs(sa[x]);
+    }
+    mla_attn_spec::static_for<NI>([&](auto ic) {
+      constexpr int i = decltype(ic)::value;
+      uint32_t ha[8], hb[8];
+      ra.template frag<i, HAS_E>(ha, pow2i(-ea));
+      rb.template frag<i, HAS_E>(hb, pow2i(-eb));
+      if constexpr (i < DV / 64) {
+        st_shared_v4(vs0 + i * BLK_K, ha[0], ha[1], ha[2], ha[3]);
+        st_shared_v4(vs1 + i * BLK_K, ha[4], ha[5], ha[6], ha[7]);
+        st_shared_v4(vs0 + i * BLK_K + 8 * 128, hb[0], hb[1], hb[2], hb[3]);
+        st_shared_v4(vs1 + i * BLK_K + 8 * 128, hb[4], hb[5], hb[6], hb[7]);
+      }
+      mla::wgmma_fence();
+#pragma unroll
+      for (int ks = 0; ks < 4; ks++) {
+        const uint64_t db = mla::wgmma_desc(q_addr + i * BLK_Q + ks * 32, 16, 1024);
+        mla::wgmma_m64n16k16_rs<((CO::f16_blocks >> i) & 1) != 0>(sa[(4 * i + ks) % SACC], ha[2 * ks], hb[2 * ks], ha[2 * ks + 1], hb[2 * ks + 1], db, 1);
+      }
+      // one group per block: waiting for the one before frees its fragments
+      // while this block's products run and the next block converts
+      mla::wgmma_commit();
+      mla::wgmma_wait<1>();
+    });
+    if (u + 2 < niter) load_tile(u + 2); // the raw rows are converted: the next tile's loads take their registers
+    mla::wgmma_wait<0>();
+    float s[8];
+#pragma unroll
+    for (int x = 0; x < SACC; x++) mla::fence_regs(sa[x]);
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      s[e] = sa[0][e];
+#pragma unroll
+      for (int x = 1; x < SACC; x++) s[e] += sa[x][e];
+    }
+
+    // scores (log2 units): S x 2^(qk + E_k) x the softmax factor
+    const int key0 = k0 + u * KB;
+    const float fa = s_fac * (HAS_E ? pow2i(ea) : 1.0f), fb = s_fac * (HAS_E ? pow2i(eb) : 1.0f);
+    float mx[2][2] = {{-CUDART_INF_F, -CUDART_INF_F}, {-CUDART_INF_F, -CUDART_INF_F}};
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      const int j = e >> 2, e1 = e & 1, hi = (e >> 1) & 1, kr = ka + 8 * hi;
+      const bool ok = (hi ? okb : oka) && key0 + kr <= lim[j][e1];
+      s[e] = ok ? s[e] * (hi ? fb : fa) : -CUDART_INF_F;
+      mx[j][e1] = fmaxf(mx[j][e1], s[e]);
+    }
+    // the tile's maxima (and largest key exponent) over the warpgroup's four warps
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+      for (int e1 = 0; e1 < 2; e1++) {
+        float x = mx[j][e1];
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+        if (g == 0) smax_s[qcol(j, e1) * 4 + warp] = x;
+      }
+    if constexpr (HAS_E) {
+      const int ek = __reduce_max_sync(0xffffffffu, max(oka ? ea : E_MIN, okb ? eb : E_MIN));
+      if (lane == 0) kexp_s[warp] = ek;
+    }
+    mla::bar_sync(bar_max(wgi), 128);
+    float alpha[2][2], base[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+      for (int e1 = 0; e1 < 2; e1++) {
+        const float4 t = *reinterpret_cast<const float4 *>(smax_s + qcol(j, e1) * 4);
+        const float tm = fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w));
+        alpha[j][e1] = online_max(m_run[j][e1], fmaxf(m_run[j][e1], tm), base[j][e1]);
+      }
+    int e_new = e_run;
+    if constexpr (HAS_E) e_new = max(e_run, max(max(kexp_s[0], kexp_s[1]), max(kexp_s[2], kexp_s[3])));
+    // P^T (f16): weights times 2^(E_k - E_run), so that P V sums in units of 2^E_run
+    unsigned char *Ps = smem + L.p + (wgi * NPB + it % NPB) * BLK_Q;
+    const float pa = HAS_E ? pow2i(max(ea - e_new, -126)) : 1.0f, pb = HAS_E ? pow2i(max(eb - e_new, -126)) : 1.0f;
+    const float ia = HAS_E ? pow2i(min(e_new - ea, 126)) : 1.0f, ib = HAS_E ? pow2i(min(e_new - eb, 126)) : 1.0f;
+    float ps[2][2] = {{0.f, 0.f}, {0.f, 0.f}}, pr[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      const int j = e >> 2, e1 = e & 1, hi = (e >> 1) & 1, kr = ka + 8 * hi;
+      const float pv = wg::exp2_ftz(s[e] - base[j][e1]);
+      // the output divides by the sum of the weights P V uses (f16), so it
+      // is their exact average; the LSE keeps the unrounded sum
+      const __half ph = __float2half_rn(pv * (hi ? pb : pa));
+      ps[j][e1] += pv, pr[j][e1] += __half2float(ph) * (hi ? ib : ia);
+      *reinterpret_cast<__half *>(Ps + mla::sw128_off(MR, qcol(j, e1), kr >> 3) + (kr & 7) * 2) = ph;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+      for (int e1 = 0; e1 < 2; e1++) {
+        l_run[j][e1] = l_run[j][e1] * alpha[j][e1] + ps[j][e1];
+        lr_run[j][e1] = lr_run[j][e1] * alpha[j][e1] + pr[j][e1];
+      }
+    mla::fence_proxy_async();
+    mla::bar_sync(bar_pv(wgi), 128); // P^T and the V tile complete
+
+    // O^T = alpha 2^(E_old - E_new) O^T + V^T P^T
+    const float eal = HAS_E ? pow2i(max(e_run - e_new, -126)) : 1.0f;
+    float al[2][2];
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+      for (int e1 = 0; e1 < 2; e1++) al[j][e1] = alpha[j][e1] * eal;
+    if (__any_sync(0xffffffffu, al[0][0] != 1.f || al[0][1] != 1.f || al[1][0] != 1.f || al[1][1] != 1.f)) {
+#pragma unroll
+      for (int mt = 0; mt < DV / 64; mt++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) o[mt][e] *= al[e >> 2][e & 1];
+    }
+    e_run = e_new;
+    const uint32_t p_addr = mla::smem_addr(Ps);
+#pragma unroll
+    for (int mt = 0; mt < DV / 64; mt++) mla::fence_regs(o[mt]);
+    mla::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < KB / 16; kk++) {
+      const uint64_t db = mla::wgmma_desc(p_addr + kk * 32, 16, 1024);
+#pragma unroll
+      for (int mt = 0; mt < DV / 64; mt++)
+        mla::wgmma_m64n16k16<true, 1>(o[mt], mla::wgmma_desc(v_addr + mt * BLK_K + kk * 16 * 128, BLK_K, 1024), db, 1);
+    }
+    mla::wgmma_commit();
+    mla::wgmma_wait<0>();
+#pragma unroll
+    for (int mt = 0; mt < DV / 64; mt++) mla::fence_regs(o[mt]);
+    mla::bar_sync(bar_free(wgi), 128); // every warp's part of P V read the V tile: it may be overwritten
+  }
+
+  // Per warpgroup: row sums over its threads' keys, its running max and unit.
+  float *lw = lsum_s + wgi * 2 * 4 * MR, *rw = rows_s + wgi * 3 * MR;
+#pragma unroll
+  for (int j = 0; j < 2; j++)
+#pragma unroll
+    for (int e1 = 0; e1 < 2; e1++) {
+      float l = l_run[j][e1], lr = lr_run[j][e1];
+#pragma unroll
+      for (int x = 4; x < 32; x <<= 1) l += __shfl_xor_sync(0xffffffffu, l, x), lr += __shfl_xor_sync(0xffffffffu, lr, x);
+      if (g == 0) lw[warp * MR + qcol(j, e1)] = l, lw[4 * MR + warp * MR + qcol(j, e1)] = lr;
+      if (warp == 0 && g == 0) rw[qcol(j, e1)] = m_run[j][e1], rw[MR + qcol(j, e1)] = __int_as_float(e_run);
+    }
+  __syncthreads();
+  // One thread per query merges the two warpgroups: factors, LSE, normalization.
+  if (tid < MR) {
+    const int row = tid;
+    float m[2], l[2], lr[2];
+    int e[2];
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+      const float *lx = lsum_s + x * 2 * 4 * MR, *rx = rows_s + x * 3 * MR;
+      m[x] = rx[row], e[x] = __float_as_int(rx[MR + row]), l[x] = lr[x] = 0.f;
+#pragma unroll
+      for (int k = 0; k < 4; k++) l[x] += lx[k * MR + row], lr[x] += lx[4 * MR + k * MR + row];
+    }
+    const float mm = fmaxf(m[0], m[1]);
+    const int eref = max(e[0], e[1]);
+    float lt = 0.f, lrt = 0.f;
+#pragma unroll
+    for (int x = 0; x < 2; x++) {
+      const float c = m[x] == -CUDART_INF_F ? 0.f : exp2f(m[x] - mm);
+      lt += c * l[x], lrt += c * lr[x];
+      rows_s[x * 3 * MR + 2 * MR + row] = c * pow2i(max(e[x] - eref, -126)); // O^T of warpgroup x into units of 2^eref
+    }
+    const float lse2 = lt > 0.f ? mm + log2f(lt) : -CUDART_INF_F;
+    float f = lt > 0.f && lrt > 0.f ? 1.0f / lrt : 0.f;
+    int i = 0, h = 0;
+    if (row < w.nrows) row_coords(p, qi, w.row0 + row, i, h);
+    if (p.nsplits == 1 && p.sink && lt > 0.f && row < w.nrows)
+      f *= 1.0f / (1.0f + expf(__ldg(p.sink + h) - lse2 * 0.69314718055994531f));
+    // O in units of 2^eref and of the tensor scale
+    fin_s[row] = f * (HAS_E ? pow2i(eref) : 1.0f) * (CO::tensor ? tscale : 1.0f);
+    if (row < w.nrows) {
+      if (p.nsplits > 1) p.lse_acc[w.part + w.row0 + row] = lse2;
+      else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = lt > 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
+    }
+  }
+  __syncthreads(); // merge factors; every P V is done, the V tiles become the output staging
+
+  // Each warpgroup's O^T, merged units, to rows of f32; then whole rows out.
+  float *ob = reinterpret_cast<float *>(smem + L.v) + wgi * MR * OP;
+  const float *fx = rows_s + wgi * 3 * MR + 2 * MR;
+#pragma unroll
+  for (int mt = 0; mt < DV / 64; mt++)
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      const int dim = 64 * mt + 16 * warp + g + 8 * ((e >> 1) & 1), row = qcol(e >> 2, e & 1);
+      ob[row * OP + dim] = o[mt][e] * fx[row];
+    }
+  __syncthreads();
+  const float *ob0 = reinterpret_cast<const float *>(smem + L.v), *ob1 = ob0 + MR * OP;
+  for (int idx = tid; idx < w.nrows * (DV / 4); idx += NT) {
+    const int row = idx / (DV / 4), c = idx - row * (DV / 4);
+    const float4 a = *reinterpret_cast<const float4 *>(ob0 + row * OP + 4 * c), b = *reinterpret_cast<const float4 *>(ob1 + row * OP + 4 * c);
+    store_out4(p, w, row, c, make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w), fin_s[row]);
+  }
+#else
+  __trap(); // the launcher only picks this kernel where sm_90a code exists
+#endif
+}
+
+} // namespace rs16
+} // namespace mla_attn
+
+#endif
