@@ -226,16 +226,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
       mx[j][e1] = fmaxf(mx[j][e1], s[e]);
     }
     // the tile's maxima (and largest key exponent) over the warpgroup's four warps
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-      for (int e1 = 0; e1 < 2; e1++) {
-        float x = mx[j][e1];
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
-        if (g == 0) smax_s[qcol(j, e1) * 4 + warp] = x;
-      }
+    wg::share_keys_max(mx, smax_s, warp, g, t4);
     if constexpr (HAS_E) {
       const int ek = __reduce_max_sync(0xffffffffu, max(oka ? ea : E_MIN, okb ? eb : E_MIN));
       if (lane == 0) kexp_s[warp] = ek;
@@ -245,11 +236,8 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
 #pragma unroll
     for (int j = 0; j < 2; j++)
 #pragma unroll
-      for (int e1 = 0; e1 < 2; e1++) {
-        const float4 t = *reinterpret_cast<const float4 *>(smax_s + qcol(j, e1) * 4);
-        const float tm = fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w));
-        alpha[j][e1] = online_max(m_run[j][e1], fmaxf(m_run[j][e1], tm), base[j][e1]);
-      }
+      for (int e1 = 0; e1 < 2; e1++)
+        alpha[j][e1] = online_max(m_run[j][e1], fmaxf(m_run[j][e1], wg::keys_max(smax_s, qcol(j, e1))), base[j][e1]);
     int e_new = e_run;
     if constexpr (HAS_E) e_new = max(e_run, max(max(kexp_s[0], kexp_s[1]), max(kexp_s[2], kexp_s[3])));
     // P^T (f16): weights times 2^(E_k - E_run), so that P V sums in units of 2^E_run

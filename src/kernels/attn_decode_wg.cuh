@@ -148,6 +148,27 @@ __device__ __forceinline__ float exp2_ftz(float x) {
   return y;
 }
 
+// The 16-row kernels (keys on M): the maxima over a tile's keys of the four
+// queries a thread holds (mx[j][e1], query 8j + 2 t4 + e1), over the warp's
+// lanes of one t4, then per warp into sm[query * 4 + warp]; after a barrier
+// of the warpgroup, keys_max reads a query's maximum over its four warps.
+__device__ __forceinline__ void share_keys_max(const float (&mx)[2][2], float *sm, int warp, int g, int t4) {
+#pragma unroll
+  for (int j = 0; j < 2; j++)
+#pragma unroll
+    for (int e1 = 0; e1 < 2; e1++) {
+      float x = mx[j][e1];
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
+      x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
+      if (g == 0) sm[(8 * j + 2 * t4 + e1) * 4 + warp] = x;
+    }
+}
+__device__ __forceinline__ float keys_max(const float *sm, int query) {
+  const float4 t = *reinterpret_cast<const float4 *>(sm + query * 4);
+  return fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w));
+}
+
 // MODE: wg_mode. LS: the built-in layout's spec type (WG_REGS), else void.
 template <int DQK, int MODE, class LS>
 __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_constant__ params p) {

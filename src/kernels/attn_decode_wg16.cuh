@@ -161,27 +161,15 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
       }
       // the tile's maxima: over the warp's 16 keys (lanes of one t4), then its four warps
       float *sm = smax_s + (u & 1) * MR * 4;
-#pragma unroll
-      for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int e1 = 0; e1 < 2; e1++) {
-          float x = mx[j][e1];
-          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 4));
-          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 8));
-          x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 16));
-          if (g == 0) sm[qcol(j, e1) * 4 + warp] = x;
-        }
+      wg::share_keys_max(mx, sm, warp, g, t4);
       mla::bar_sync(BAR_S, 128);
       // lazy rescaling (online_max), as in the 64-row kernel
       float alpha[2][2], base[2][2];
 #pragma unroll
       for (int j = 0; j < 2; j++)
 #pragma unroll
-        for (int e1 = 0; e1 < 2; e1++) {
-          const float4 t = *reinterpret_cast<const float4 *>(sm + qcol(j, e1) * 4);
-          const float tm = fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w));
-          alpha[j][e1] = online_max(m_run[j][e1], fmaxf(m_run[j][e1], tm), base[j][e1]);
-        }
+        for (int e1 = 0; e1 < 2; e1++)
+          alpha[j][e1] = online_max(m_run[j][e1], fmaxf(m_run[j][e1], wg::keys_max(sm, qcol(j, e1))), base[j][e1]);
       unsigned char *Ps = p_tile(u);
       float ps[2][2] = {{0.f, 0.f}, {0.f, 0.f}}, pr[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
