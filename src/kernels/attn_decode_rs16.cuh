@@ -72,8 +72,9 @@ template <int DQK> __host__ __device__ constexpr smem_plan make_smem_plan() {
 }
 template <class LS> constexpr int smem_bytes() { return make_smem_plan<LS::host.k_dims>().total; }
 
-// Byte of Q dim d (within its 64-dim block) in the block's swizzled row:
-// quarter t's dims 16t + 4s + j sit in k-step s at column 2t + j % 2 + 8 (j / 2).
+// Byte offset of dim d of Q row `row` in the swizzled Q tile, dims permuted
+// within each 64-dim block: dim 16t + 4s + j of a block sits in k-step s at
+// column 2t + j % 2 + 8 (j / 2), where quarter t's A fragments expect it.
 __device__ __forceinline__ int q_perm_off(int row, int d) {
   const int i = d >> 6, dd = d & 63, t = dd >> 4, s = (dd >> 2) & 3, j = dd & 3;
   const int col = 16 * s + 2 * t + (j & 1) + 8 * (j >> 1);
