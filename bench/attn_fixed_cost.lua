@@ -4,11 +4,12 @@
 -- time = F + tiles x T by least squares over the lengths: T is the time of a 64-key tile of
 -- every CTA, F the rest (launch, prologue, ramp-up, the last CTAs' tail), which weighs most
 -- at short contexts. Compare F between the modes and between kernels (specialize = false runs
--- the generic kernel).
---   mlalab bench/attn_fixed_cost.lua [layout ...] [--max-time s] [--generic]
+-- the generic kernel; --timer cupti takes the kernels' own spans from the activity timeline,
+-- without the event pair's front-end time).
+--   mlalab bench/attn_fixed_cost.lua [layout ...] [--max-time s] [--generic] [--timer events|cupti]
 local AB = require "mlalab.attention_bench"
 
-local layouts, max_time, specialize = {}, 0.3, nil
+local layouts, max_time, specialize, timer = {}, 0.3, nil, nil
 local args = { ... }
 local i = 1
 while i <= #args do
@@ -18,8 +19,11 @@ while i <= #args do
     i = i + 1
   elseif a == "--generic" then
     specialize = false
+  elseif a == "--timer" then
+    timer = args[i + 1] or error("bench/attn_fixed_cost.lua: --timer takes events or cupti", 0)
+    i = i + 1
   elseif a:sub(1, 2) == "--" then
-    error("bench/attn_fixed_cost.lua: unknown option " .. a .. " (--max-time s, --generic)", 0)
+    error("bench/attn_fixed_cost.lua: unknown option " .. a .. " (--max-time s, --generic, --timer t)", 0)
   else
     layouts[#layouts + 1] = a
   end
@@ -51,7 +55,7 @@ for _, layout in ipairs(layouts) do
     local xs, ys, cells, variant = {}, {}, {}, "?"
     for _, len in ipairs(LENS) do
       local p = { kind = "dense", layout = layout, b = 128, s_q = 1, h_q = 16, len = len, specialize = specialize }
-      local r = AB.run(p, { max_time = max_time, mode = mode })
+      local r = AB.run(p, { max_time = max_time, mode = mode, timer = timer })
       xs[#xs + 1], ys[#ys + 1] = len / TILE, r.median * 1e6
       cells[#cells + 1] = string.format("%.1f", r.median * 1e6)
       variant = r.plan and r.plan.variant or variant
