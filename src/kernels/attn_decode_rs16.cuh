@@ -66,7 +66,7 @@ template <int DQK> __host__ __device__ constexpr smem_plan make_smem_plan() {
   s.rows = o, o += 2 * 3 * MR * 4;       // per warpgroup: m, E_run (bits), merge factor of each query
   s.lsum = o, o += 2 * 2 * 4 * MR * 4;   // per warpgroup: row sums per warp, l then the rounded sum
   s.fin = o, o += MR * 4;
-  s.misc = o, o += 16 * 4; // Q's warp maxima [0, 8), [8, 10) unused
+  s.misc = o, o += 16 * 4; // Q's warp maxima [0, 8); [8, 10) the exponent slots codes_q clears, unused here
   s.total = o + 1024;
   return s;
 }
@@ -149,15 +149,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
   // column 8 (e >> 2) + 2 t4 + (e & 1). S^T: rows are keys, columns queries;
   // O^T: rows are value dims.
   auto qcol = [&](int j, int e1) { return 8 * j + 2 * t4 + e1; };
-  int lim[2][2];
-  float m_run[2][2], l_run[2][2], lr_run[2][2]; // per query; the sums over this thread's keys only
-#pragma unroll
-  for (int j = 0; j < 2; j++)
-#pragma unroll
-    for (int e1 = 0; e1 < 2; e1++) {
-      lim[j][e1] = !p.sparse && p.causal && p.s_q > 1 ? w.s_k - p.s_q + (w.row0 + qcol(j, e1)) / p.h_q : 0x7fffffff;
-      m_run[j][e1] = -CUDART_INF_F, l_run[j][e1] = lr_run[j][e1] = 0.f;
-    }
+  wg::rows16 st(p, w, t4);
   float o[DV / 64][8];
 #pragma unroll
   for (int mt = 0; mt < DV / 64; mt++)
@@ -222,7 +214,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
 #pragma unroll
     for (int e = 0; e < 8; e++) {
       const int j = e >> 2, e1 = e & 1, hi = (e >> 1) & 1, kr = ka + 8 * hi;
-      const bool ok = (hi ? okb : oka) && key0 + kr <= lim[j][e1];
+      const bool ok = (hi ? okb : oka) && key0 + kr <= st.lim[j][e1];
       s[e] = ok ? s[e] * (hi ? fb : fa) : -CUDART_INF_F;
       mx[j][e1] = fmaxf(mx[j][e1], s[e]);
     }
@@ -238,7 +230,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
     for (int j = 0; j < 2; j++)
 #pragma unroll
       for (int e1 = 0; e1 < 2; e1++)
-        alpha[j][e1] = online_max(m_run[j][e1], fmaxf(m_run[j][e1], wg::keys_max(smax_s, qcol(j, e1))), base[j][e1]);
+        alpha[j][e1] = online_max(st.m[j][e1], fmaxf(st.m[j][e1], wg::keys_max(smax_s, qcol(j, e1))), base[j][e1]);
     int e_new = e_run;
     if constexpr (HAS_E) e_new = max(e_run, max(max(kexp_s[0], kexp_s[1]), max(kexp_s[2], kexp_s[3])));
     // P^T (f16): weights times 2^(E_k - E_run), so that P V sums in units of 2^E_run
@@ -260,8 +252,8 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
     for (int j = 0; j < 2; j++)
 #pragma unroll
       for (int e1 = 0; e1 < 2; e1++) {
-        l_run[j][e1] = l_run[j][e1] * alpha[j][e1] + ps[j][e1];
-        lr_run[j][e1] = lr_run[j][e1] * alpha[j][e1] + pr[j][e1];
+        st.l[j][e1] = st.l[j][e1] * alpha[j][e1] + ps[j][e1];
+        st.lr[j][e1] = st.lr[j][e1] * alpha[j][e1] + pr[j][e1];
       }
     mla::fence_proxy_async();
     mla::bar_sync(bar_pv(wgi), 128); // P^T and the V tile complete
@@ -300,16 +292,12 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
 
   // Per warpgroup: row sums over its threads' keys, its running max and unit.
   float *lw = lsum_s + wgi * 2 * 4 * MR, *rw = rows_s + wgi * 3 * MR;
+  st.share_sums(lw, warp, g, t4);
 #pragma unroll
   for (int j = 0; j < 2; j++)
 #pragma unroll
-    for (int e1 = 0; e1 < 2; e1++) {
-      float l = l_run[j][e1], lr = lr_run[j][e1];
-#pragma unroll
-      for (int x = 4; x < 32; x <<= 1) l += __shfl_xor_sync(0xffffffffu, l, x), lr += __shfl_xor_sync(0xffffffffu, lr, x);
-      if (g == 0) lw[warp * MR + qcol(j, e1)] = l, lw[4 * MR + warp * MR + qcol(j, e1)] = lr;
-      if (warp == 0 && g == 0) rw[qcol(j, e1)] = m_run[j][e1], rw[MR + qcol(j, e1)] = __int_as_float(e_run);
-    }
+    for (int e1 = 0; e1 < 2; e1++)
+      if (warp == 0 && g == 0) rw[qcol(j, e1)] = st.m[j][e1], rw[MR + qcol(j, e1)] = __int_as_float(e_run);
   __syncthreads();
   // One thread per query merges the two warpgroups: factors, LSE, normalization.
   if (tid < MR) {

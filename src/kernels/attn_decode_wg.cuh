@@ -169,6 +169,38 @@ __device__ __forceinline__ float keys_max(const float *sm, int query) {
   return fmaxf(fmaxf(t.x, t.y), fmaxf(t.z, t.w));
 }
 
+// The 16-row kernels' softmax state of a thread's four queries (query
+// 8j + 2 t4 + e1 at [j][e1]): the causal key limit, the running max, and the
+// row sums over this thread's keys of the weights (l) and of the f16-rounded
+// weights P V uses (lr).
+struct rows16 {
+  int lim[2][2];
+  float m[2][2], l[2][2], lr[2][2];
+  __device__ __forceinline__ rows16(const params &p, const cta_work &w, int t4) {
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+      for (int e1 = 0; e1 < 2; e1++) {
+        lim[j][e1] = !p.sparse && p.causal && p.s_q > 1 ? w.s_k - p.s_q + (w.row0 + 8 * j + 2 * t4 + e1) / p.h_q : 0x7fffffff;
+        m[j][e1] = -CUDART_INF_F, l[j][e1] = lr[j][e1] = 0.f;
+      }
+  }
+  // The sums over the warp's lanes of one t4, per warp into ls[warp * 16 + query]
+  // (l) and ls[64 + warp * 16 + query] (lr).
+  __device__ __forceinline__ void share_sums(float *ls, int warp, int g, int t4) const {
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+      for (int e1 = 0; e1 < 2; e1++) {
+        float a = l[j][e1], b = lr[j][e1];
+#pragma unroll
+        for (int o = 4; o < 32; o <<= 1) a += __shfl_xor_sync(0xffffffffu, a, o), b += __shfl_xor_sync(0xffffffffu, b, o);
+        const int q = 8 * j + 2 * t4 + e1;
+        if (g == 0) ls[warp * 16 + q] = a, ls[64 + warp * 16 + q] = b;
+      }
+  }
+};
+
 // MODE: wg_mode. LS: the built-in layout's spec type (WG_REGS), else void.
 template <int DQK, int MODE, class LS>
 __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_constant__ params p) {

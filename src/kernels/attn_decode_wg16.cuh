@@ -115,15 +115,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
     mla::fence_proxy_async(); // this thread's Q rows, for the tensor cores
     __syncthreads();          // Q
     __syncthreads();          // tile 0
-    int lim[2][2];
-    float m_run[2][2], l_run[2][2], lr_run[2][2]; // per query; the sums over this thread's keys only
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-      for (int e1 = 0; e1 < 2; e1++) {
-        lim[j][e1] = !p.sparse && p.causal && p.s_q > 1 ? w.s_k - p.s_q + (w.row0 + qcol(j, e1)) / p.h_q : 0x7fffffff;
-        m_run[j][e1] = -CUDART_INF_F, l_run[j][e1] = lr_run[j][e1] = 0.f;
-      }
+    wg::rows16 st(p, w, t4);
     const uint32_t q_addr = mla::smem_addr(Qs);
     const float s_fac = p.scale_log2 * pow2i(qk) * (CO::tensor ? tscale : 1.0f);
     const int kr0 = 16 * warp + g; // this thread's keys kr0, kr0 + 8
@@ -155,7 +147,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
 #pragma unroll
       for (int e = 0; e < 8; e++) {
         const int j = e >> 2, e1 = e & 1, kr = kr0 + 8 * ((e >> 1) & 1);
-        const bool ok = ok_t[kr] && key0 + kr <= lim[j][e1];
+        const bool ok = ok_t[kr] && key0 + kr <= st.lim[j][e1];
         s[e] = ok ? s[e] * fac : -CUDART_INF_F;
         mx[j][e1] = fmaxf(mx[j][e1], s[e]);
       }
@@ -169,7 +161,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
       for (int j = 0; j < 2; j++)
 #pragma unroll
         for (int e1 = 0; e1 < 2; e1++)
-          alpha[j][e1] = online_max(m_run[j][e1], fmaxf(m_run[j][e1], wg::keys_max(sm, qcol(j, e1))), base[j][e1]);
+          alpha[j][e1] = online_max(st.m[j][e1], fmaxf(st.m[j][e1], wg::keys_max(sm, qcol(j, e1))), base[j][e1]);
       unsigned char *Ps = p_tile(u);
       float ps[2][2] = {{0.f, 0.f}, {0.f, 0.f}}, pr[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
@@ -188,23 +180,15 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
       for (int j = 0; j < 2; j++)
 #pragma unroll
         for (int e1 = 0; e1 < 2; e1++) {
-          l_run[j][e1] = l_run[j][e1] * alpha[j][e1] + ps[j][e1];
-          lr_run[j][e1] = lr_run[j][e1] * alpha[j][e1] + pr[j][e1];
+          st.l[j][e1] = st.l[j][e1] * alpha[j][e1] + ps[j][e1];
+          st.lr[j][e1] = st.lr[j][e1] * alpha[j][e1] + pr[j][e1];
           if (warp == 0 && g == 0) alpha_s[(u & 1) * MR + qcol(j, e1)] = alpha[j][e1];
         }
       mla::fence_proxy_async();
       mla::bar_arrive(BAR_P_FULL0 + u % NPB, NT);
     }
     // row sums over the keys of every lane and warp; the normalization (and sink) factor, the LSE
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-      for (int e1 = 0; e1 < 2; e1++) {
-        float l = l_run[j][e1], lr = lr_run[j][e1];
-#pragma unroll
-        for (int o = 4; o < 32; o <<= 1) l += __shfl_xor_sync(0xffffffffu, l, o), lr += __shfl_xor_sync(0xffffffffu, lr, o);
-        if (g == 0) lsum_s[warp * MR + qcol(j, e1)] = l, lsum_s[4 * MR + warp * MR + qcol(j, e1)] = lr;
-      }
+    st.share_sums(lsum_s, warp, g, t4);
     mla::bar_sync(BAR_S, 128);
     if (warp == 0 && g == 0)
 #pragma unroll
@@ -215,7 +199,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
           float l = 0.f, lr = 0.f;
 #pragma unroll
           for (int k = 0; k < 4; k++) l += lsum_s[k * MR + row], lr += lsum_s[4 * MR + k * MR + row];
-          const float lse2 = l > 0.f ? m_run[j][e1] + log2f(l) : -CUDART_INF_F;
+          const float lse2 = l > 0.f ? st.m[j][e1] + log2f(l) : -CUDART_INF_F;
           float f = l > 0.f && lr > 0.f ? 1.0f / lr : 0.f;
           int i = 0, h = 0;
           if (row < w.nrows) row_coords(p, qi, w.row0 + row, i, h);
