@@ -302,18 +302,45 @@ template <int NCH> __device__ __forceinline__ float setup_plans(const params &p,
   return p.v.tensor_scale ? __ldg(p.v.tensor_scale) : 1.0f;
 }
 
-// The chunk's Q rows, 8 dims at a time (zeros past nrows), handed to store(row, c, val).
-template <int MR, int NCH, class Store>
-__device__ __forceinline__ void load_q_rows(const params &p, const cta_work &w, int tid, int nt, Store &&store) {
-  for (int idx = tid; idx < MR * NCH; idx += nt) {
-    const int row = idx / NCH, c = idx - row * NCH;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (row < w.nrows) {
-      int i, h;
-      row_coords(p, w.qi, w.row0 + row, i, h);
-      val = load_q8(p, w.r, i, h, c);
+// The chunk's Q rows in registers, 8 dims a chunk (zeros past nrows): chunks
+// tid + (first + k) NT for k < NB, every load in flight before the first use
+// (one after another, each queued behind the tiles' loads, they took 8 us of
+// a 130 us launch: bench/RESULTS.md).
+template <int MR, int NCH, int NT, int NB> struct q_chunks {
+  uint4 v[NB];
+  __device__ __forceinline__ void fetch(const params &p, const cta_work &w, int tid, int first) {
+#pragma unroll
+    for (int k = 0; k < NB; k++) {
+      const int idx = tid + (first + k) * NT, row = idx / NCH, c = idx - row * NCH;
+      v[k] = make_uint4(0, 0, 0, 0);
+      if (idx < MR * NCH && row < w.nrows) {
+        int i, h;
+        row_coords(p, w.qi, w.row0 + row, i, h);
+        v[k] = load_q8(p, w.r, i, h, c);
+      }
     }
-    store(row, c, val);
+  }
+  // store(row, c, val) for each chunk
+  template <class Store> __device__ __forceinline__ void store(int tid, int first, Store &&st) const {
+#pragma unroll
+    for (int k = 0; k < NB; k++) {
+      const int idx = tid + (first + k) * NT, row = idx / NCH, c = idx - row * NCH;
+      if (idx < MR * NCH) st(row, c, v[k]);
+    }
+  }
+};
+template <int MR, int NCH, int NT> constexpr int q_chunks_per_thread() { return (MR * NCH + NT - 1) / NT; }
+
+// The chunk's Q rows handed to store(row, c, val), in batches of up to six
+// chunks a thread.
+template <int MR, int NCH, int NT, class Store>
+__device__ __forceinline__ void load_q_rows(const params &p, const cta_work &w, int tid, Store &&store) {
+  constexpr int N = q_chunks_per_thread<MR, NCH, NT>(), NB = N < 6 ? N : 6;
+#pragma unroll 1
+  for (int b = 0; b < N; b += NB) {
+    q_chunks<MR, NCH, NT, NB> q;
+    q.fetch(p, w, tid, b);
+    q.store(tid, b, store);
   }
 }
 
@@ -349,7 +376,7 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
 
   // Setup: dequant plans, Q rows, running statistics, slots of the first tiles.
   const float tscale = p.identity ? 1.0f : setup_plans<NCH>(p, plan, tid, NT);
-  load_q_rows<MR, NCH>(p, w, tid, NT, [&](int row, int c, uint4 val) {
+  load_q_rows<MR, NCH, NT>(p, w, tid, [&](int row, int c, uint4 val) {
     if (fused) {
       uint32_t *f = reinterpret_cast<uint32_t *>(reinterpret_cast<unsigned char *>(Qs) + qfrag_off<DQK>(row & 7, c));
       const int hi = row >> 3;

@@ -116,8 +116,10 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
   const int niter = (k1 - k0 + KB - 1) / KB;
   const float tscale = p.v.tensor_scale ? __ldg(p.v.tensor_scale) : 1.0f;
 
-  // This thread's keys of a tile: ka and ka + 8, quarter t4; the first tile's
-  // loads go out before Q's.
+  // Q's loads go out first (they need no index), then the first tile's.
+  q_chunks<MR, NCH, NT, q_chunks_per_thread<MR, NCH, NT>()> qv;
+  qv.fetch(p, w, tid, 0);
+  // This thread's keys of a tile: ka and ka + 8, quarter t4.
   const int ka = 16 * warp + g;
   wg::rf_key<LS, DQK> ra, rb;
   slot_entry na = slot_fetch<1, BS>(p, r, qi, k1, k0 + wgi * KB, ka), nb = slot_fetch<1, BS>(p, r, qi, k1, k0 + wgi * KB, ka + 8);
@@ -133,7 +135,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
 
   // Q rows, dims permuted (q_perm_off); codes mode: Q x 2^-qk.
   uint32_t qmx = 0;
-  load_q_rows<MR, NCH>(p, w, tid, NT, [&](int row, int c, uint4 val) {
+  qv.store(tid, 0, [&](int row, int c, uint4 val) {
     const uint32_t v4[4] = {val.x, val.y, val.z, val.w};
 #pragma unroll
     for (int e = 0; e < 8; e++)

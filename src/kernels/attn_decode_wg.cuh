@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   // Prologue (all): plans, Q rows (zero past nrows).
   const float tscale = STAGED ? setup_plans<NCH>(p, plan, tid, NT) : REGS && p.v.tensor_scale ? __ldg(p.v.tensor_scale) : 1.0f;
   uint32_t qmx = 0; // codes mode: largest finite |q| of the f16 blocks, bits
-  load_q_rows<MR, NCH>(p, w, tid, NT, [&](int row, int c, uint4 val) {
+  load_q_rows<MR, NCH, NT>(p, w, tid, [&](int row, int c, uint4 val) {
     *reinterpret_cast<uint4 *>(Qs + mla::sw128_off(MR, row, c)) = val;
     if (CODES && ((CO::f16_blocks >> (c / 8)) & 1))
       qmx = max(qmx, max(max(bf16x2_absmax(val.x), bf16x2_absmax(val.y)), max(bf16x2_absmax(val.z), bf16x2_absmax(val.w))));

@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
   // Q rows (zero past nrows); codes mode: Q x 2^-qk, f16 in the f16 blocks
   // (exact; every finite |q| below 2^15), bf16 elsewhere.
   uint32_t qmx = 0;
-  load_q_rows<MR, NCH>(p, w, tid, NT, [&](int row, int c, uint4 val) {
+  load_q_rows<MR, NCH, NT>(p, w, tid, [&](int row, int c, uint4 val) {
     *reinterpret_cast<uint4 *>(Qs + mla::sw128_off(MR, row, c)) = val;
     if ((CO::f16_blocks >> (c / 8)) & 1)
       qmx = max(qmx, max(max(bf16x2_absmax(val.x), bf16x2_absmax(val.y)), max(bf16x2_absmax(val.z), bf16x2_absmax(val.w))));
