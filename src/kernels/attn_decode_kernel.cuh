@@ -304,8 +304,8 @@ template <int NCH> __device__ __forceinline__ float setup_plans(const params &p,
 
 // The chunk's Q rows in registers, 8 dims a chunk (zeros past nrows): chunks
 // tid + (first + k) NT for k < NB, every load in flight before the first use
-// (one after another, each queued behind the tiles' loads, they took 8 us of
-// a 130 us launch: bench/RESULTS.md).
+// (one after another, each queued behind the tiles' loads, the rs16 kernel's
+// Q prologue took 8.7 us of a 128 us launch, batched 7.6: bench/RESULTS.md).
 template <int MR, int NCH, int NT, int NB> struct q_chunks {
   uint4 v[NB];
   __device__ __forceinline__ void fetch(const params &p, const cta_work &w, int tid, int first) {
