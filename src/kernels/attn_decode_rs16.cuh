@@ -228,11 +228,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
     }
     mla::bar_sync(bar_max(wgi), 128);
     float alpha[2][2], base[2][2];
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-      for (int e1 = 0; e1 < 2; e1++)
-        alpha[j][e1] = online_max(st.m[j][e1], fmaxf(st.m[j][e1], wg::keys_max(smax_s, qcol(j, e1))), base[j][e1]);
+    st.next_max(smax_s, t4, alpha, base);
     int e_new = e_run;
     if constexpr (HAS_E) e_new = max(e_run, max(max(kexp_s[0], kexp_s[1]), max(kexp_s[2], kexp_s[3])));
     // P^T (f16): weights times 2^(E_k - E_run), so that P V sums in units of 2^E_run

@@ -185,6 +185,16 @@ struct rows16 {
         m[j][e1] = -CUDART_INF_F, l[j][e1] = lr[j][e1] = 0.f;
       }
   }
+  // A tile's step of the running max (lazy rescaling, online_max): from the
+  // tile's maxima in sm (share_keys_max, after the warpgroup's barrier), each
+  // query's factor on the old sums and O, and the base its weights take.
+  __device__ __forceinline__ void next_max(const float *sm, int t4, float (&alpha)[2][2], float (&base)[2][2]) {
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+      for (int e1 = 0; e1 < 2; e1++)
+        alpha[j][e1] = online_max(m[j][e1], fmaxf(m[j][e1], keys_max(sm, 8 * j + 2 * t4 + e1)), base[j][e1]);
+  }
   // The sums over the warp's lanes of one t4, per warp into ls[warp * 16 + query]
   // (l) and ls[64 + warp * 16 + query] (lr).
   __device__ __forceinline__ void share_sums(float *ls, int warp, int g, int t4) const {

@@ -157,11 +157,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
       mla::bar_sync(BAR_S, 128);
       // lazy rescaling (online_max), as in the 64-row kernel
       float alpha[2][2], base[2][2];
-#pragma unroll
-      for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int e1 = 0; e1 < 2; e1++)
-          alpha[j][e1] = online_max(st.m[j][e1], fmaxf(st.m[j][e1], wg::keys_max(sm, qcol(j, e1))), base[j][e1]);
+      st.next_max(sm, t4, alpha, base);
       unsigned char *Ps = p_tile(u);
       float ps[2][2] = {{0.f, 0.f}, {0.f, 0.f}}, pr[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
 #pragma unroll
