@@ -122,16 +122,21 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
   // This thread's keys of a tile: ka and ka + 8, quarter t4.
   const int ka = 16 * warp + g;
   wg::rf_key<LS, DQK> ra, rb;
-  slot_entry na = slot_fetch<1, BS>(p, r, qi, k1, k0 + wgi * KB, ka), nb = slot_fetch<1, BS>(p, r, qi, k1, k0 + wgi * KB, ka + 8);
-  auto load_tile = [&](int u) {
+  // The tile in work and the next (rows loading). Carried as two variables
+  // rather than u and u + 2: the same tiles, but ptxas schedules this form
+  // 2.3% faster for fp8_ds_mla (bench/RESULTS.md, eighteenth session).
+  int cur = wgi, nx = wgi + 2;
+  slot_entry na = slot_fetch<1, BS>(p, r, qi, k1, k0 + cur * KB, ka), nb = slot_fetch<1, BS>(p, r, qi, k1, k0 + cur * KB, ka + 8);
+  // the rows whose slots na, nb hold; then the slots of tile `after`
+  auto load_tile = [&](int after) {
     int page, off;
     slot_resolve<BS>(p, na, page, off);
     ra.load(p, page, off, t4);
     slot_resolve<BS>(p, nb, page, off);
     rb.load(p, page, off, t4);
-    na = slot_fetch<1, BS>(p, r, qi, k1, k0 + (u + 2) * KB, ka), nb = slot_fetch<1, BS>(p, r, qi, k1, k0 + (u + 2) * KB, ka + 8);
+    na = slot_fetch<1, BS>(p, r, qi, k1, k0 + after * KB, ka), nb = slot_fetch<1, BS>(p, r, qi, k1, k0 + after * KB, ka + 8);
   };
-  if (wgi < niter) load_tile(wgi);
+  if (cur < niter) load_tile(nx);
 
   // Q rows, dims permuted (q_perm_off); codes mode: Q x 2^-qk.
   uint32_t qmx = 0;
@@ -163,7 +168,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
   const uint32_t vs0 = v_addr + ka * 128 + (((2 * t4) ^ g) << 4), vs1 = v_addr + ka * 128 + (((2 * t4 + 1) ^ g) << 4);
   const float s_fac = p.scale_log2 * pow2i(qk) * (CO::tensor ? tscale : 1.0f);
 
-  for (int u = wgi, it = 0; u < niter; u += 2, it++) {
+  for (int it = 0; cur < niter; it++) {
     // E_k of the two keys (codes x f16(s x 2^-E_k) stays below 2^15)
     const int ea = HAS_E ? wg::tile_exponent(ra.scale_exp(), E_MIN) : 0, eb = HAS_E ? wg::tile_exponent(rb.scale_exp(), E_MIN) : 0;
     const bool oka = ra.ok, okb = rb.ok;
@@ -197,7 +202,8 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
       mla::wgmma_commit();
       mla::wgmma_wait<1>();
     });
-    if (u + 2 < niter) load_tile(u + 2); // the raw rows are converted: the next tile's loads take their registers
+    const int nxx = nx + 2;
+    if (nx < niter) load_tile(nxx); // the raw rows are converted: the next tile's loads take their registers
     mla::wgmma_wait<0>();
     float s[8];
 #pragma unroll
@@ -210,7 +216,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
     }
 
     // scores (log2 units): S x 2^(qk + E_k) x the softmax factor
-    const int key0 = k0 + u * KB;
+    const int key0 = k0 + cur * KB;
     const float fa = s_fac * (HAS_E ? pow2i(ea) : 1.0f), fb = s_fac * (HAS_E ? pow2i(eb) : 1.0f);
     float mx[2][2] = {{-CUDART_INF_F, -CUDART_INF_F}, {-CUDART_INF_F, -CUDART_INF_F}};
 #pragma unroll
@@ -286,6 +292,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
 #pragma unroll
     for (int mt = 0; mt < DV / 64; mt++) mla::fence_regs(o[mt]);
     mla::bar_sync(bar_free(wgi), 128); // every warp's part of P V read the V tile: it may be overwritten
+    cur = nx, nx = nxx;
   }
 
   // Per warpgroup: row sums over its threads' keys, its running max and unit.
