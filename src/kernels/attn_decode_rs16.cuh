@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
   wg::rf_key<LS, DQK> ra, rb;
   // The tile in work and the next (rows loading). Carried as two variables
   // rather than u and u + 2: the same tiles, but ptxas schedules this form
-  // 2.3% faster for fp8_ds_mla (bench/RESULTS.md, eighteenth session).
+  // 1.5-2.4% faster for fp8_ds_mla (bench/RESULTS.md, eighteenth session).
   int cur = wgi, nx = wgi + 2;
   slot_entry na = slot_fetch<1, BS>(p, r, qi, k1, k0 + cur * KB, ka), nb = slot_fetch<1, BS>(p, r, qi, k1, k0 + cur * KB, ka + 8);
   // the rows whose slots na, nb hold; then the slots of tile `after`
