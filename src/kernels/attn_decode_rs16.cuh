@@ -215,7 +215,10 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
       for (int x = 1; x < SACC; x++) s[e] += sa[x][e];
     }
 
-    // scores (log2 units): S x 2^(qk + E_k) x the softmax factor
+    // scores (log2 units): S x 2^(qk + E_k) x the softmax factor. This step is
+    // on the tile's critical path: a few shared or local loads here (the mask
+    // limits moved out of registers) cost fp8_ds_mla 12-14% (bench/RESULTS.md,
+    // eighteenth session), so its state stays in registers.
     const int key0 = k0 + cur * KB;
     const float fa = s_fac * (HAS_E ? pow2i(ea) : 1.0f), fb = s_fac * (HAS_E ? pow2i(eb) : 1.0f);
     float mx[2][2] = {{-CUDART_INF_F, -CUDART_INF_F}, {-CUDART_INF_F, -CUDART_INF_F}};
