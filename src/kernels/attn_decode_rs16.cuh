@@ -163,7 +163,12 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
 #pragma unroll
     for (int e = 0; e < 8; e++) o[mt][e] = 0.f;
   int e_run = E_MIN;
-  const uint32_t q_addr = mla::smem_addr(Qs), v_addr = mla::smem_addr(Vt);
+  // descriptor bases (mla::wgmma_sdesc), the warpgroup's from its index broadcast: warp-uniform
+  const int wgu = __shfl_sync(0xffffffffu, wgi, 0);
+  const uint32_t v_addr = mla::smem_addr(Vt);
+  const mla::wgmma_sdesc qd = mla::wgmma_sdesc_of(mla::smem_addr(Qs), 16, 1024),
+                         vd = mla::wgmma_sdesc_of(mla::smem_addr(smem + L.v + wgu * VT), BLK_K, 1024),
+                         pd = mla::wgmma_sdesc_of(mla::smem_addr(smem + L.p + wgu * NPB * BLK_Q), 16, 1024);
   // this thread's V-tile chunks: rows ka (ka + 8: 8 rows on), chunks 2 t4 and 2 t4 + 1 of each 64-dim block
   const uint32_t vs0 = v_addr + ka * 128 + (((2 * t4) ^ g) << 4), vs1 = v_addr + ka * 128 + (((2 * t4 + 1) ^ g) << 4);
   const float s_fac = p.scale_log2 * pow2i(qk) * (CO::tensor ? tscale : 1.0f);
@@ -194,8 +199,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
       mla::wgmma_fence();
 #pragma unroll
       for (int ks = 0; ks < 4; ks++) {
-        const uint64_t db = mla::wgmma_desc(q_addr + i * BLK_Q + ks * 32, 16, 1024);
-        mla::wgmma_m64n16k16_rs<((CO::f16_blocks >> i) & 1) != 0>(sa[(4 * i + ks) % SACC], ha[2 * ks], hb[2 * ks], ha[2 * ks + 1], hb[2 * ks + 1], db, 1);
+        mla::wgmma_m64n16k16_rs<((CO::f16_blocks >> i) & 1) != 0>(sa[(4 * i + ks) % SACC], ha[2 * ks], hb[2 * ks], ha[2 * ks + 1], hb[2 * ks + 1], qd + (i * BLK_Q + ks * 32), 1);
       }
       // one group per block: waiting for the one before frees its fragments
       // while this block's products run and the next block converts
@@ -279,17 +283,14 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
         for (int e = 0; e < 8; e++) o[mt][e] *= al[e >> 2][e & 1];
     }
     e_run = e_new;
-    const uint32_t p_addr = mla::smem_addr(Ps);
+    const mla::wgmma_sdesc pdi = pd.fresh() + (it % NPB) * BLK_Q, vdi = vd.fresh();
 #pragma unroll
     for (int mt = 0; mt < DV / 64; mt++) mla::fence_regs(o[mt]);
     mla::wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < KB / 16; kk++) {
-      const uint64_t db = mla::wgmma_desc(p_addr + kk * 32, 16, 1024);
+    for (int kk = 0; kk < KB / 16; kk++)
 #pragma unroll
-      for (int mt = 0; mt < DV / 64; mt++)
-        mla::wgmma_m64n16k16<true, 1>(o[mt], mla::wgmma_desc(v_addr + mt * BLK_K + kk * 16 * 128, BLK_K, 1024), db, 1);
-    }
+      for (int mt = 0; mt < DV / 64; mt++) mla::wgmma_m64n16k16<true, 1>(o[mt], vdi + (mt * BLK_K + kk * 16 * 128), pdi + kk * 32, 1);
     mla::wgmma_commit();
     mla::wgmma_wait<0>();
 #pragma unroll

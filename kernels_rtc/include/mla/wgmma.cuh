@@ -34,6 +34,33 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr, uint32_t lbo, uin
          (uint64_t)((sbo & 0x3FFFF) >> 4) << 32 | (uint64_t)1 << 62;
 }
 
+/* A descriptor kept as its two words. The start-address field (bits 0-13 of
+ * the low word) holds addr >> 4 and shared addresses stay below 2^18, so the
+ * descriptor of base + off is the base's low word plus off >> 4, with no
+ * carry: a loop adds compile-time offsets to one base built before it
+ * instead of masking, shifting and moving each descriptor to uniform
+ * registers before every wgmma (about seven instructions a wgmma in the
+ * 16-row decode kernels, measured with ncu). Build the base from warp-uniform
+ * values (a warpgroup index broadcast with __shfl_sync) so that it lives in
+ * uniform registers. */
+struct wgmma_sdesc {
+  uint32_t lo, hi;
+  __device__ __forceinline__ wgmma_sdesc operator+(uint32_t byte_off) const { return {lo + (byte_off >> 4), hi}; }
+  __device__ __forceinline__ operator uint64_t() const { return (uint64_t)hi << 32 | lo; }
+  // The same descriptor, opaque to the compiler at this point: called in a
+  // loop, it keeps the descriptors derived from it from being hoisted out
+  // of the loop and held (or spilled) in registers, one per wgmma.
+  __device__ __forceinline__ wgmma_sdesc fresh() const {
+    uint32_t l = lo;
+    asm volatile("" : "+r"(l));
+    return {l, hi};
+  }
+};
+__device__ __forceinline__ wgmma_sdesc wgmma_sdesc_of(uint32_t saddr, uint32_t lbo, uint32_t sbo) {
+  const uint64_t d = wgmma_desc(saddr, lbo, sbo);
+  return {(uint32_t)d, (uint32_t)(d >> 32)};
+}
+
 __device__ __forceinline__ void wgmma_fence() {
 #if MLA_HAVE_WGMMA
   asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
