@@ -285,12 +285,13 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
     }
     // running max; row sums of P (for the LSE) and of P as rounded for P V (the normalization)
     float m_run[2] = {-CUDART_INF_F, -CUDART_INF_F}, l_run[2] = {0.f, 0.f}, lr_run[2] = {0.f, 0.f};
-    const uint32_t q_addr = mla::smem_addr(Qs);
+    const mla::wgmma_sdesc qd = mla::wgmma_sdesc_of(mla::smem_addr(Qs), 16, 1024);
     const float s_fac = p.scale_log2 * pow2i(qk) * (CO::tensor ? tscale : 1.0f);
     for (int u = 0; u < niter; u++) {
       const int kb = u % NKB, pb = u % NPB;
       if (u > 0) mla::bar_sync(BAR_FULL0 + kb, NT);
-      const uint32_t k_addr = mla::smem_addr(Kbase + kb * TILE);
+      // descriptor bases (mla::wgmma_sdesc): one add a wgmma
+      const mla::wgmma_sdesc kd = mla::wgmma_sdesc_of(mla::smem_addr(Kbase + kb * TILE), 16, 1024), qdu = qd.fresh();
       float s[KB / 2];
 #pragma unroll
       for (int e = 0; e < KB / 2; e++) s[e] = 0.f;
@@ -298,8 +299,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       mla::wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < DQK / 16; kk++) {
-        const uint64_t da = mla::wgmma_desc(q_addr + (kk >> 2) * BLK_Q + (kk & 3) * 32, 16, 1024);
-        const uint64_t db = mla::wgmma_desc(k_addr + (kk >> 2) * BLK_K + (kk & 3) * 32, 16, 1024);
+        const mla::wgmma_sdesc da = qdu + ((kk >> 2) * BLK_Q + (kk & 3) * 32), db = kd + ((kk >> 2) * BLK_K + (kk & 3) * 32);
         if constexpr (CODES) {
           if ((CO::f16_blocks >> (kk >> 2)) & 1) mla::wgmma_m64n64k16_f16(s, da, db, 1);
           else wgmma_s<KB>(s, da, db);
