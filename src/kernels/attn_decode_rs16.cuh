@@ -10,7 +10,10 @@
 //     read back for S; Q's dims are permuted within each 64-dim block so that
 //     k-step s of block i takes dims 16t + 4s .. + 4 from quarter t;
 //   - stores the value dims' f16 codes once into its V tile, the A operand of
-//     O^T += V^T P^T (m64n16k16 from shared memory, eight 64-dim m-tiles).
+//     O^T += V^T P^T (m64n16k16 from shared memory, eight 64-dim m-tiles),
+//     straight from the A fragments with stmatrix (each fragment quad is four
+//     8x8 matrices), so O^T's rows come out permuted within each 64-dim
+//     block (v_dim) and the epilogue puts them back;
 // Units: key k's codes carry f16(s x 2^-E_k), E_k from the key's own largest
 // scale exponent less headroom (no reduction before the conversion); S is
 // corrected per key in f32, P V takes P x 2^(E_k - E_run), E_run the
@@ -81,12 +84,15 @@ __device__ __forceinline__ int q_perm_off(int row, int d) {
   return mla::sw128_off(MR, row, 8 * i + (col >> 3)) + (col & 7) * 2;
 }
 
-// One 16-byte shared store from four registers: a vector store even where
-// the registers also feed a wgmma in another order (the compiler would
-// otherwise split it into four 4-byte stores, 4-way bank conflicts).
-__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
+// The V tile's layout. K-step s of a 64-dim block gives quarter t the dims
+// 16t + 4s + 0..3 (q_perm_off); its A quad {a0, a1, a2, a3} is four 8x8
+// matrices: keys ka (a0, a2) and ka + 8 (a1, a3), columns 2t + e of dims
+// 16t + 4s + e (a0, a1) and 16t + 4s + 2 + e (a2, a3). stmatrix stores matrix
+// j's rows as chunk 2s + j / 2 of the keys' V-tile rows, so V^T's row
+// m = 16s + 8h + 2t + e of a block holds value dim 16t + 4s + 2h + e.
+// (16-byte stores of f16x2 pairs in natural order cost four register moves
+// a store: 128 instructions a tile, measured with cuobjdump.)
+__device__ __forceinline__ int v_dim(int m) { return 16 * ((m >> 1) & 3) + 4 * (m >> 4) + 2 * ((m >> 3) & 1) + (m & 1); }
 
 template <int DQK, class LS>
 __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_constant__ params p) {
@@ -169,8 +175,11 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
   const mla::wgmma_sdesc qd = mla::wgmma_sdesc_of(mla::smem_addr(Qs), 16, 1024),
                          vd = mla::wgmma_sdesc_of(mla::smem_addr(smem + L.v + wgu * VT), BLK_K, 1024),
                          pd = mla::wgmma_sdesc_of(mla::smem_addr(smem + L.p + wgu * NPB * BLK_Q), 16, 1024);
-  // this thread's V-tile chunks: rows ka (ka + 8: 8 rows on), chunks 2 t4 and 2 t4 + 1 of each 64-dim block
-  const uint32_t vs0 = v_addr + ka * 128 + (((2 * t4) ^ g) << 4), vs1 = v_addr + ka * 128 + (((2 * t4 + 1) ^ g) << 4);
+  // this lane's stmatrix row: matrix j = lane / 8 is key row 16 warp + lane % 8 (+ 8 for odd j), chunk
+  // c = 2s + j / 2 at swizzled position c ^ (lane % 8): k-step s's address is vst ^ 32 s (bits 5, 6 of
+  // vst hold (lane % 8) & 6; the base is 1024-aligned), block i's BLK_K on
+  const int r8 = lane & 7, jm = lane >> 3;
+  const uint32_t vst = v_addr + (16 * warp + r8 + 8 * (jm & 1)) * 128 + ((((jm >> 1) ^ r8) & 1) << 4) + ((r8 & 6) << 4);
   const float s_fac = p.scale_log2 * pow2i(qk) * (CO::tensor ? tscale : 1.0f);
 
   for (int it = 0; cur < niter; it++) {
@@ -191,10 +200,8 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
       ra.template frag<i, HAS_E>(ha, pow2i(-ea));
       rb.template frag<i, HAS_E>(hb, pow2i(-eb));
       if constexpr (i < DV / 64) {
-        st_shared_v4(vs0 + i * BLK_K, ha[0], ha[1], ha[2], ha[3]);
-        st_shared_v4(vs1 + i * BLK_K, ha[4], ha[5], ha[6], ha[7]);
-        st_shared_v4(vs0 + i * BLK_K + 8 * 128, hb[0], hb[1], hb[2], hb[3]);
-        st_shared_v4(vs1 + i * BLK_K + 8 * 128, hb[4], hb[5], hb[6], hb[7]);
+#pragma unroll
+        for (int ks = 0; ks < 4; ks++) mla::stmatrix_x4((vst ^ (32 * ks)) + i * BLK_K, ha[2 * ks], hb[2 * ks], ha[2 * ks + 1], hb[2 * ks + 1]);
       }
       mla::wgmma_fence();
 #pragma unroll
@@ -351,7 +358,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
   for (int mt = 0; mt < DV / 64; mt++)
 #pragma unroll
     for (int e = 0; e < 8; e++) {
-      const int dim = 64 * mt + 16 * warp + g + 8 * ((e >> 1) & 1), row = qcol(e >> 2, e & 1);
+      const int dim = 64 * mt + v_dim(16 * warp + g + 8 * ((e >> 1) & 1)), row = qcol(e >> 2, e & 1);
       ob[row * OP + dim] = o[mt][e] * fx[row];
     }
   __syncthreads();

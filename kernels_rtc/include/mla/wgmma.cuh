@@ -90,6 +90,15 @@ template <int N> __device__ __forceinline__ void fence_regs(float (&d)[N]) {
   for (int i = 0; i < N; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+/* Four 8x8 b16 matrices from a warp's registers (an m16n8k16 A fragment's
+ * a0..a3) into shared memory: lane l gives the address of row l % 8 of
+ * matrix l / 8, a 16-byte row. sm_90 and later. */
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3) {
+#if MLA_HAVE_WGMMA
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a0), "r"(a1), "r"(a2), "r"(a3) : "memory");
+#endif
+}
+
 /* Named barriers (id 1..15; 0 is __syncthreads): bar_sync waits until n
  * threads have arrived, bar_arrive counts this thread without waiting. */
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
