@@ -13,7 +13,12 @@
 //     O^T += V^T P^T (m64n16k16 from shared memory, eight 64-dim m-tiles),
 //     straight from the A fragments with stmatrix (each fragment quad is four
 //     8x8 matrices), so O^T's rows come out permuted within each 64-dim
-//     block (v_dim) and the epilogue puts them back;
+//     block (v_dim) and the epilogue puts them back.
+// The tile runs at its instruction rate, not the memory's: with every page
+// L2-resident it is no faster (bench/attn_l2_resident.lua), so each
+// instruction in the loop counts (descriptors from one base, one address a
+// key, no register moves for the V stores: bench/RESULTS.md, nineteenth
+// session).
 // Units: key k's codes carry f16(s x 2^-E_k), E_k from the key's own largest
 // scale exponent less headroom (no reduction before the conversion); S is
 // corrected per key in f32, P V takes P x 2^(E_k - E_run), E_run the
