@@ -45,6 +45,7 @@ __device__ __forceinline__ uint64_t wgmma_desc(uint32_t saddr, uint32_t lbo, uin
  * uniform registers. */
 struct wgmma_sdesc {
   uint32_t lo, hi;
+  // byte_off: a multiple of 16, and base + byte_off still a shared address
   __device__ __forceinline__ wgmma_sdesc operator+(uint32_t byte_off) const { return {lo + (byte_off >> 4), hi}; }
   __device__ __forceinline__ operator uint64_t() const { return (uint64_t)hi << 32 | lo; }
   // The same descriptor, opaque to the compiler at this point: called in a
