@@ -73,3 +73,34 @@ describe("experiments on the CPU", function()
     assert.truthy(r.stderr:find("mixed_backend: unknown argument '--colour'", 1, true), r.stderr)
   end)
 end)
+
+-- Scripts that no CPU run executes still have to compile: a syntax error in
+-- a benchmark would otherwise first show on the device, costing its time.
+describe("bench and experiment scripts", function()
+  local function lua_files(dir)
+    local p = assert(io.popen("ls " .. dir .. "/*.lua 2>/dev/null"))
+    local out = {}
+    for f in p:lines() do out[#out + 1] = f end
+    p:close()
+    return out
+  end
+
+  it("every script in bench/ and experiments/ compiles", function()
+    local files = lua_files("bench")
+    for _, f in ipairs(lua_files("experiments")) do files[#files + 1] = f end
+    assert.truthy(#files >= 15, "found only " .. #files .. " scripts")
+    for _, f in ipairs(files) do
+      local chunk, err = loadfile(f)
+      assert(chunk, err)
+    end
+  end)
+
+  it("attn_l2_resident refuses the CPU and bad options with a message", function()
+    local r = run { "bench/attn_l2_resident.lua" }
+    assert.equal(1, r.exit_code)
+    assert.truthy(r.stderr:find("times the baked GPU kernels; no GPU here", 1, true), r.stderr)
+    r = run { "bench/attn_l2_resident.lua", "--pages", "0" }
+    assert.equal(1, r.exit_code)
+    assert.truthy(r.stderr:find("--pages takes a positive number", 1, true), r.stderr)
+  end)
+end)
