@@ -16,28 +16,30 @@ local USAGE = "bench/attn_l2_resident.lua [layout ...] [--len L ...] [--pages N]
 local layouts, lens, npages, b, h_q, max_time = {}, {}, 32, 128, 16, 0.5
 local args = { ... }
 local i = 1
-local function number_arg(name)
+-- the option's value: a positive number, a whole one unless `real`
+local function number_arg(name, real)
   local v = tonumber(args[i + 1])
-  if not v or v <= 0 then error("bench/attn_l2_resident.lua: " .. name .. " takes a positive number (" .. USAGE .. ")", 0) end
+  if v and not real then v = math.tointeger(v) end
+  if not v or v <= 0 then
+    error(string.format("bench/attn_l2_resident.lua: %s takes a positive %s (%s)", name, real and "number" or "whole number",
+      USAGE), 0)
+  end
   i = i + 1
   return v
 end
 while i <= #args do
   local a = args[i]
-  if a == "--len" then lens[#lens + 1] = math.tointeger(number_arg("--len"))
-  elseif a == "--pages" then npages = math.tointeger(number_arg("--pages"))
-  elseif a == "--b" then b = math.tointeger(number_arg("--b"))
-  elseif a == "--h" then h_q = math.tointeger(number_arg("--h"))
-  elseif a == "--max-time" then max_time = number_arg("--max-time")
+  if a == "--len" then lens[#lens + 1] = number_arg("--len")
+  elseif a == "--pages" then npages = number_arg("--pages")
+  elseif a == "--b" then b = number_arg("--b")
+  elseif a == "--h" then h_q = number_arg("--h")
+  elseif a == "--max-time" then max_time = number_arg("--max-time", true)
   elseif a:sub(1, 2) == "--" then error("bench/attn_l2_resident.lua: unknown option " .. a .. " (" .. USAGE .. ")", 0)
   else layouts[#layouts + 1] = a end
   i = i + 1
 end
 if #layouts == 0 then layouts = { "fp8_pertensor", "fp8_ds_mla", "fp8_v4", "bf16" } end
 if #lens == 0 then lens = { 4096, 8192 } end
-for _, v in ipairs { npages, b, h_q, table.unpack(lens) } do
-  if not v then error("bench/attn_l2_resident.lua: --len, --pages, --b and --h take whole numbers", 0) end
-end
 if mla.device() == "cpu" then
   error("bench/attn_l2_resident.lua: times the baked GPU kernels; no GPU here", 0)
 end

@@ -77,17 +77,14 @@ end)
 -- Scripts that no CPU run executes still have to compile: a syntax error in
 -- a benchmark would otherwise first show on the device, costing its time.
 describe("bench and experiment scripts", function()
-  local function lua_files(dir)
-    local p = assert(io.popen("ls " .. dir .. "/*.lua 2>/dev/null"))
-    local out = {}
-    for f in p:lines() do out[#out + 1] = f end
-    p:close()
-    return out
-  end
-
   it("every script in bench/ and experiments/ compiles", function()
-    local files = lua_files("bench")
-    for _, f in ipairs(lua_files("experiments")) do files[#files + 1] = f end
+    local R = require "rtc_support"
+    local files = {}
+    for _, dir in ipairs { "bench", "experiments" } do
+      for _, n in ipairs(R.list(dir)) do
+        if n:match("%.lua$") then files[#files + 1] = dir .. "/" .. n end
+      end
+    end
     assert.truthy(#files >= 15, "found only " .. #files .. " scripts")
     for _, f in ipairs(files) do
       local chunk, err = loadfile(f)
@@ -101,6 +98,6 @@ describe("bench and experiment scripts", function()
     assert.truthy(r.stderr:find("times the baked GPU kernels; no GPU here", 1, true), r.stderr)
     r = run { "bench/attn_l2_resident.lua", "--pages", "0" }
     assert.equal(1, r.exit_code)
-    assert.truthy(r.stderr:find("--pages takes a positive number", 1, true), r.stderr)
+    assert.truthy(r.stderr:find("--pages takes a positive whole number", 1, true), r.stderr)
   end)
 end)
