@@ -286,19 +286,22 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg16_kernel(const __grid_co
 #pragma unroll
         for (int e = 0; e < 8; e++) o[mt][e] *= al[e >> 2][e & 1];
     }
-    const uint32_t p_addr = mla::smem_addr(p_tile(u));
-    const uint32_t v_addr = mla::smem_addr(Kbase + kb * TILE) + (wgi - 1) * 4 * BLK_K;
+    // descriptor bases (mla::wgmma_sdesc); the S warpgroup keeps building its
+    // own per wgmma: with bases it ran ahead of these two and the kernel got
+    // 4% slower (bench/RESULTS.md, nineteenth session)
+    const mla::wgmma_sdesc pd = mla::wgmma_sdesc_of(mla::smem_addr(p_tile(u)), 16, 1024).fresh(),
+                           vd = mla::wgmma_sdesc_of(mla::smem_addr(Kbase + kb * TILE) + (wgi - 1) * 4 * BLK_K, BLK_K, 1024).fresh();
 #pragma unroll
     for (int mt = 0; mt < 4; mt++) mla::fence_regs(o[mt]);
     mla::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KB / 16; kk++) {
-      const uint64_t db = mla::wgmma_desc(p_addr + kk * 32, 16, 1024);
+      const mla::wgmma_sdesc db = pd + kk * 32;
 #pragma unroll
       for (int mt = 0; mt < 4; mt++) {
-        const uint64_t da = mla::wgmma_desc(v_addr + mt * BLK_K + kk * 16 * 128, BLK_K, 1024);
+        const mla::wgmma_sdesc da = vd + (mt * BLK_K + kk * 16 * 128);
         if (mt < CO::lead) mla::wgmma_m64n16k16<true, 1>(o[mt], da, db, 1);
-        else mla::wgmma_m64n16k16<false, 1>(o[mt], da, mla::wgmma_desc(p_addr + BLK_Q + kk * 32, 16, 1024), 1);
+        else mla::wgmma_m64n16k16<false, 1>(o[mt], da, pd + (BLK_Q + kk * 32), 1);
       }
     }
     mla::wgmma_commit();
