@@ -580,9 +580,9 @@ describe("attention baked specialized kernels", function()
 
   -- the device is asked inside the tests: describe blocks also run on CPU-only CI
   local function hopper() return mla.device_props(0).arch == "sm_90" end
-  -- specialize = true (on Hopper wgmma16rs where every value dim is an e4m3 code, else wgmma16),
+  -- specialize = true (on Hopper wgmma16rs),
   -- "slice" (the V-slice kernel, named by its layout), false
-  local function hopper16(slice) return slice == "fp8_v4" and "wgmma16" or "wgmma16rs" end
+  local function hopper16() return "wgmma16rs" end
   local function both(case, opts, preset, want)
     return specialized_and_generic(case, opts, preset, function(spec)
       return spec == true and hopper() and hopper16(want) or want

@@ -1,5 +1,5 @@
-// The Hopper decode kernel for 16-row tiles of the fp8 built-ins whose value
-// dims are all e4m3 codes (fp8_ds_mla, fp8_pertensor): two symmetric
+// The Hopper decode kernel for 16-row tiles of the fp8 built-ins (codes
+// mode: fp8_ds_mla, fp8_pertensor, fp8_v4): two symmetric
 // warpgroups, each an independent split of the CTA's keys (tiles wgi,
 // wgi + 2, ...), merged in the epilogue. Per tile a warpgroup
 //   - holds its 64 keys' token rows in registers, loaded one tile ahead:
@@ -13,7 +13,8 @@
 //     O^T += V^T P^T (m64n16k16 from shared memory, eight 64-dim m-tiles),
 //     straight from the A fragments with stmatrix (each fragment quad is four
 //     8x8 matrices), so O^T's rows come out permuted within each 64-dim
-//     block (v_dim) and the epilogue puts them back.
+//     block (v_dim) and the epilogue puts them back. bf16 value dims (fp8_v4's
+//     RoPE block) stay bf16 in the V tile and take a bf16 twin of P.
 // The tile runs at its instruction rate, not the memory's: with every page
 // L2-resident it is no faster (bench/attn_l2_resident.lua), so each
 // instruction in the loop counts (descriptors from one base, one address a
@@ -27,9 +28,10 @@
 // kernels'. Against attn_decode_wg16.cuh (three warpgroups, K tiles through
 // shared memory) it stores 64 KB instead of 73.7 KB per tile and reads no K
 // tile back (an m64n16k16 with A in shared memory takes 20 cycles, bound by
-// the 2 KB A read; with A in registers 16.5: bench/probes/wgmma_n16_rate.cu). fp8_v4 stays on
-// wgmma16: its bf16 RoPE value dims need a bf16 twin of P here, and with
-// every e4m3 block as f16 codes it spilled and ran 27% slower (measured).
+// the 2 KB A read; with A in registers 16.5: bench/probes/wgmma_n16_rate.cu).
+// fp8_v4 moved here from wgmma16 in the twentieth session: 7-11% faster
+// (bench/RESULTS.md); a first try had spilled (27% slower) before the
+// nineteenth session's register cuts.
 // sm_90a only.
 #ifndef MLA_ATTN_DECODE_RS16_CUH
 #define MLA_ATTN_DECODE_RS16_CUH
@@ -55,21 +57,36 @@ constexpr int bar_max(int w) { return 1 + w; }
 constexpr int bar_pv(int w) { return 3 + w; }
 constexpr int bar_free(int w) { return 5 + w; }
 
-// Whether a layout runs here: codes mode with every value dim an e4m3 code.
-template <class LS> constexpr bool allowed() {
+// Codes mode here: every e4m3 block as f16 codes (P V picks each m-tile's
+// type at compile time, so the other wgmma kernels' lead split does not
+// apply), bf16 blocks as bf16; bf16 value blocks take a bf16 twin of P.
+template <class LS> struct rs_codes {
   using CO = wg::codes_of<LS, LS::host.k_dims>;
-  return CO::on && !CO::mixed;
-}
+  static constexpr bool on = CO::on, has_e = CO::has_e, tensor = CO::tensor;
+  static constexpr unsigned fp8_blocks() {
+    unsigned m = 0;
+    for (int i = 0; i < LS::host.k_dims / 64; i++)
+      if (mla_attn_spec::is_fp8_kind(wg::rf_pair(LS::host, i).kind)) m |= 1u << i;
+    return m;
+  }
+  static constexpr unsigned f16_blocks = on ? fp8_blocks() : 0u;
+  static constexpr unsigned bf16_values = on ? ~f16_blocks & ((1u << (DV / 64)) - 1) : 0u;
+  static constexpr bool mixed = bf16_values != 0;
+};
+
+// Whether a layout runs here: codes mode.
+template <class LS> constexpr bool allowed() { return rs_codes<LS>::on; }
 
 struct smem_plan {
   int q, v, p, smax, rows, lsum, fin, misc, total;
 };
-template <int DQK> __host__ __device__ constexpr smem_plan make_smem_plan() {
+// P tiles: [warpgroup][buffer] f16, then as many bf16 twins (MIXED)
+template <int DQK, bool MIXED> __host__ __device__ constexpr smem_plan make_smem_plan() {
   smem_plan s{};
   int o = 0;
   s.q = o, o += DQK / 64 * BLK_Q;
   s.v = o, o += 2 * VT;
-  s.p = o, o += 2 * NPB * BLK_Q;
+  s.p = o, o += 2 * NPB * BLK_Q * (MIXED ? 2 : 1);
   s.smax = o, o += 2 * (MR + 1) * 4 * 4; // per warpgroup: [query][warp] tile maxima, then [warp] key exponents
   s.rows = o, o += 2 * 3 * MR * 4;       // per warpgroup: m, E_run (bits), merge factor of each query
   s.lsum = o, o += 2 * 2 * 4 * MR * 4;   // per warpgroup: row sums per warp, l then the rounded sum
@@ -78,7 +95,7 @@ template <int DQK> __host__ __device__ constexpr smem_plan make_smem_plan() {
   s.total = o + 1024;
   return s;
 }
-template <class LS> constexpr int smem_bytes() { return make_smem_plan<LS::host.k_dims>().total; }
+template <class LS> constexpr int smem_bytes() { return make_smem_plan<LS::host.k_dims, rs_codes<LS>::mixed>().total; }
 
 // Byte offset of dim d of Q row `row` in the swizzled Q tile, dims permuted
 // within each 64-dim block: dim 16t + 4s + j of a block sits in k-step s at
@@ -102,14 +119,14 @@ __device__ __forceinline__ int v_dim(int m) { return 16 * ((m >> 1) & 3) + 4 * (
 template <int DQK, class LS>
 __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_constant__ params p) {
 #if MLA_HAVE_WGMMA
-  using CO = wg::codes_of<LS, DQK>;
-  static_assert(CO::on && !CO::mixed && DQK == LS::host.k_dims, "the register-A 16-row kernel runs e4m3-valued built-ins in codes mode");
+  using CO = rs_codes<LS>;
+  static_assert(CO::on && DQK == LS::host.k_dims, "the register-A 16-row kernel runs built-ins in codes mode");
   static_assert(2 * MR * OP * 4 <= 2 * VT, "the output staging reuses the V tiles");
-  constexpr bool HAS_E = CO::has_e;
-  constexpr int NCH = DQK / 8, NI = DQK / 64, BS = LS::host.block_size;
+  constexpr bool HAS_E = CO::has_e, MIXED = CO::mixed;
+  constexpr int NCH = DQK / 8, NI = DQK / 64, BS = LS::host.block_size, TWIN = 2 * NPB * BLK_Q; // f16 P to its bf16 twin
   extern __shared__ __align__(16) unsigned char smem_window[];
   unsigned char *smem = smem_window + ((1024 - (mla::smem_addr(smem_window) & 1023)) & 1023);
-  constexpr smem_plan L = make_smem_plan<DQK>();
+  constexpr smem_plan L = make_smem_plan<DQK, MIXED>();
   unsigned char *Qs = smem + L.q;
   int *qmax_w = reinterpret_cast<int *>(smem + L.misc);
 
@@ -269,7 +286,9 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
       // is their exact average; the LSE keeps the unrounded sum
       const __half ph = __float2half_rn(pv * (hi ? pb : pa));
       ps[j][e1] += pv, pr[j][e1] += __half2float(ph) * (hi ? ib : ia);
-      *reinterpret_cast<__half *>(Ps + mla::sw128_off(MR, qcol(j, e1), kr >> 3) + (kr & 7) * 2) = ph;
+      const int at = mla::sw128_off(MR, qcol(j, e1), kr >> 3) + (kr & 7) * 2;
+      *reinterpret_cast<__half *>(Ps + at) = ph;
+      if constexpr (MIXED) *reinterpret_cast<__nv_bfloat16 *>(Ps + TWIN + at) = __float2bfloat16_rn(pv * (hi ? pb : pa));
     }
 #pragma unroll
     for (int j = 0; j < 2; j++)
@@ -302,7 +321,10 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
 #pragma unroll
     for (int kk = 0; kk < KB / 16; kk++)
 #pragma unroll
-      for (int mt = 0; mt < DV / 64; mt++) mla::wgmma_m64n16k16<true, 1>(o[mt], vdi + (mt * BLK_K + kk * 16 * 128), pdi + kk * 32, 1);
+      for (int mt = 0; mt < DV / 64; mt++) {
+        if ((CO::bf16_values >> mt) & 1) mla::wgmma_m64n16k16<false, 1>(o[mt], vdi + (mt * BLK_K + kk * 16 * 128), pdi + (TWIN + kk * 32), 1);
+        else mla::wgmma_m64n16k16<true, 1>(o[mt], vdi + (mt * BLK_K + kk * 16 * 128), pdi + kk * 32, 1);
+      }
     mla::wgmma_commit();
     mla::wgmma_wait<0>();
 #pragma unroll
