@@ -84,9 +84,8 @@ __host__ __device__ constexpr bool rf_ok(const mla_layout_desc &d, int dqk) {
   return true;
 }
 
-// Scales of a thread's chunk pairs, each loaded once: the slot of pair i among
-// the distinct scales of pairs 0..i (-1: no scale to load), and whether pair i
-// is the first with its scale.
+// Scales of a thread's chunk pairs: whether pair i is the first with its
+// scale, and how many distinct scales there are.
 __host__ __device__ constexpr bool rf_scaled(int kind) {
   return kind == mla_attn_spec::SK_FP8_F32 || kind == mla_attn_spec::SK_FP8_UE8M0;
 }
@@ -99,19 +98,50 @@ __host__ __device__ constexpr bool rf_scale_first(const mla_layout_desc &d, int 
     if (rf_same_scale(rf_pair(d, j), rf_pair(d, i))) return false;
   return true;
 }
-__host__ __device__ constexpr int rf_scale_slot(const mla_layout_desc &d, int i) {
-  if (!rf_scaled(rf_pair(d, i).kind)) return -1;
+__host__ __device__ constexpr int rf_scale_count(const mla_layout_desc &d, int dqk) {
+  int n = 0;
+  for (int i = 0; i < dqk / 64; i++) n += rf_scale_first(d, i);
+  return n;
+}
+
+// Byte scales (ue8m0) are read in aligned windows of their region, as wide
+// as its granularity (up to 16 bytes; find_variant checks the view allows
+// it), each window loaded once as one vector: fp8_v4's seven are one 8-byte
+// load (a load each took issue slots the memory-bound 16-row kernels lack:
+// h16 3.7-5.4% faster). f32 scales stay one load each: fp8_ds_mla's four in
+// one 16-byte window (or two 8-byte ones) ran fewer instructions but 3% slower
+// from DRAM (bench/RESULTS.md, twentieth session).
+__host__ __device__ constexpr int rf_window_bytes(const mla_layout_desc &d, int i) {
+  const rf_chunk a = rf_pair(d, i);
+  const int g = mla_attn_spec::region_gran(d, a.sregion);
+  return a.kind == mla_attn_spec::SK_FP8_F32 ? 4 : g >= 4 ? g : 1;
+}
+__host__ __device__ constexpr int rf_window_start(const mla_layout_desc &d, int i) {
+  return rf_pair(d, i).ssrc / rf_window_bytes(d, i) * rf_window_bytes(d, i);
+}
+__host__ __device__ constexpr bool rf_same_window(const mla_layout_desc &d, int i, int j) {
+  return rf_scaled(rf_pair(d, i).kind) && rf_scaled(rf_pair(d, j).kind) && rf_pair(d, i).sregion == rf_pair(d, j).sregion &&
+         rf_window_bytes(d, i) == rf_window_bytes(d, j) && rf_window_start(d, i) == rf_window_start(d, j);
+}
+__host__ __device__ constexpr bool rf_window_first(const mla_layout_desc &d, int i) {
+  if (!rf_scaled(rf_pair(d, i).kind)) return false;
+  for (int j = 0; j < i; j++)
+    if (rf_same_window(d, j, i)) return false;
+  return true;
+}
+// slot of pair i's window among the windows of pairs 0..i (-1: no scale)
+__host__ __device__ constexpr int rf_window_slot(const mla_layout_desc &d, int i) {
   int n = 0;
   for (int j = 0; j <= i; j++) {
-    if (!rf_scale_first(d, j)) continue;
-    if (rf_same_scale(rf_pair(d, j), rf_pair(d, i))) return n;
+    if (!rf_window_first(d, j)) continue;
+    if (rf_same_window(d, j, i)) return n;
     n++;
   }
   return -1;
 }
-__host__ __device__ constexpr int rf_scale_count(const mla_layout_desc &d, int dqk) {
+__host__ __device__ constexpr int rf_window_count(const mla_layout_desc &d, int dqk) {
   int n = 0;
-  for (int i = 0; i < dqk / 64; i++) n += rf_scale_first(d, i);
+  for (int i = 0; i < dqk / 64; i++) n += rf_window_first(d, i);
   return n;
 }
 
@@ -186,9 +216,9 @@ __device__ __forceinline__ float pow2i(int x) { return __uint_as_float((uint32_t
 
 // One thread's share of a key: loaded into registers, then converted into a K tile.
 template <class LS, int DQK> struct rf_key {
-  static constexpr int NI = DQK / 64, NSC = rf_scale_count(LS::host, DQK);
+  static constexpr int NI = DQK / 64, NW = rf_window_count(LS::host, DQK);
   uint4 d[NI][2];  // e4m3 pair in d[i][0]; bf16 chunks in d[i][0], d[i][1]
-  uint32_t sc[NSC > 0 ? NSC : 1]; // distinct scales: f32 bits, or the ue8m0 byte
+  uint32_t sw[NW > 0 ? NW : 1][4]; // scale windows (rf_window_bytes), byte 4k + j in bits 8j of word k
   bool ok;
 
 
@@ -211,15 +241,22 @@ template <class LS, int DQK> struct rf_key {
     static_for<NI>([&](auto ic) {
       constexpr int i = decltype(ic)::value;
       constexpr rf_chunk a0 = rf_pair(LS::host, i, 0), a1 = rf_pair(LS::host, i, 1);
-      constexpr int slot = rf_scale_slot(LS::host, i);
+      constexpr int w = rf_window_slot(LS::host, i), wb = rf_window_bytes(LS::host, i);
       d[i][0] = d[i][1] = make_uint4(0, 0, 0, 0);
-      if constexpr (rf_scale_first(LS::host, i)) sc[slot] = 0;
+      if constexpr (rf_window_first(LS::host, i)) sw[w][0] = sw[w][1] = sw[w][2] = sw[w][3] = 0;
       if (!ok) return;
       if constexpr (is_fp8_kind(a0.kind)) {
         d[i][0] = __ldg(reinterpret_cast<const uint4 *>(rq16[a0.region] + a0.src));
-        if constexpr (rf_scale_first(LS::host, i)) {
-          if constexpr (a0.kind == SK_FP8_F32) sc[slot] = __ldg(reinterpret_cast<const unsigned int *>(rows[a0.sregion] + a0.ssrc));
-          else sc[slot] = __ldg(rows[a0.sregion] + a0.ssrc);
+        if constexpr (rf_window_first(LS::host, i)) {
+          const unsigned char *at = rows[a0.sregion] + rf_window_start(LS::host, i);
+          if constexpr (wb == 16) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4 *>(at));
+            sw[w][0] = v.x, sw[w][1] = v.y, sw[w][2] = v.z, sw[w][3] = v.w;
+          } else if constexpr (wb == 8) {
+            const uint2 v = __ldg(reinterpret_cast<const uint2 *>(at));
+            sw[w][0] = v.x, sw[w][1] = v.y;
+          } else if constexpr (wb == 4) sw[w][0] = __ldg(reinterpret_cast<const unsigned int *>(at));
+          else sw[w][0] = __ldg(at);
         }
       } else if constexpr (a0.kind == SK_COPY) {
         d[i][0] = __ldg(reinterpret_cast<const uint4 *>(rq32[a0.region] + a0.src));
@@ -228,14 +265,30 @@ template <class LS, int DQK> struct rf_key {
     });
   }
 
+  // Pair I's scale from its window: f32 bits, or the ue8m0 byte.
+  template <int I> __device__ __forceinline__ uint32_t scale_bits() const {
+    constexpr rf_chunk a = rf_pair(LS::host, I);
+    constexpr int off = a.ssrc - rf_window_start(LS::host, I);
+    const uint32_t word = sw[rf_window_slot(LS::host, I)][off / 4];
+    if constexpr (a.kind == mla_attn_spec::SK_FP8_F32) {
+      static_assert(off % 4 == 0, "an f32 scale is 4-byte aligned in its window");
+      return word;
+    } else {
+      return (word >> (8 * (off % 4))) & 0xffu;
+    }
+  }
+
   // Pair i's scale as f32 (tscale for a tensor scale, 1 where there is none).
   template <int I> __device__ __forceinline__ float pair_scale(float tscale) const {
     using namespace mla_attn_spec;
     constexpr int kind = rf_pair(LS::host, I).kind;
     if constexpr (kind == SK_FP8_TENSOR) return tscale;
-    else if constexpr (kind == SK_FP8_F32) return __uint_as_float(sc[rf_scale_slot(LS::host, I)]);
-    else if constexpr (kind == SK_FP8_UE8M0) return mla_decode_scale(MLA_UE8M0, sc[rf_scale_slot(LS::host, I)]);
-    else return 1.0f;
+    else if constexpr (kind == SK_FP8_F32) return __uint_as_float(scale_bits<I>());
+    else if constexpr (kind == SK_FP8_UE8M0) {
+      // mla_decode_scale's rule as selects (its early returns compiled to a branch a block)
+      const uint32_t b = scale_bits<I>();
+      return __uint_as_float(b == 0xffu ? 0x7fffffffu : b ? b << 23 : 0x00400000u);
+    } else return 1.0f;
   }
 
   // Largest finite exponent field among this thread's scales (0: none).
@@ -245,7 +298,7 @@ template <class LS, int DQK> struct rf_key {
     static_for<NI>([&](auto ic) {
       constexpr int i = decltype(ic)::value;
       if constexpr (rf_scale_first(LS::host, i)) {
-        const uint32_t v = sc[rf_scale_slot(LS::host, i)];
+        const uint32_t v = scale_bits<i>();
         const int f = rf_pair(LS::host, i).kind == SK_FP8_F32 ? (int)((v >> 23) & 0xffu) : (int)(v & 0xffu);
         if (f != 255) e = max(e, f);
       }
