@@ -3,7 +3,7 @@
 -- the same run (bench/RESULTS.md records the figures).
 --   memory-bound: h_q x s_q <= 16, b = 128, context 4K to 32K   (target >= 85% of memcpy);
 --                 fp8 built-ins run their compile-time-specialized kernels (variant column:
---                 wgmma16rs / wgmma16 on Hopper), points with specialize = "slice" the V-slice kernel,
+--                 wgmma16rs on Hopper), points with specialize = "slice" the V-slice kernel,
 --                 with specialize = false the generic kernel
 --   compute-bound: h_q = 128, dense                            (target >= 50% of GEMM)
 --   sparse fp8: h_q = 128, s_q = 2, topk 2048, b = 128         (target >= 40% of GEMM)

@@ -539,7 +539,7 @@ describe("attention baked kernels", function()
 end)
 
 -- The compile-time-specialized kernels serve 16-row tiles of a cache whose descriptor equals (for
--- reading) a built-in fp8 layout's: on Hopper the 16-row wgmma kernel (src/kernels/attn_decode_wg16.cuh),
+-- reading) a built-in fp8 layout's: on Hopper the 16-row wgmma kernel (src/kernels/attn_decode_rs16.cuh),
 -- elsewhere, and with specialize = "slice", the V-slice kernel (src/kernels/attn_slice_spec.cuh);
 -- specialize = false forces the generic kernel. All must match the reference on every fp8 built-in,
 -- dense and sparse, with one split and through the combine, and the plan and

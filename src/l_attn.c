@@ -5,7 +5,7 @@
  * cache_lens (+ causal) or indices (+ topk_len), sink?, scale, out, lse,
  * check (validate index values on the host), splits (baked, 0 = auto),
  * specialize (baked, default true; false forces the generic kernel, "slice" the V-slice kernel for 16-row tiles).
- *   core.attn_last_variant() -> "generic" | "wgmma" | "wgmma16" | "wgmma16rs" | built-in layout name (V-slice kernel) | "none"
+ *   core.attn_last_variant() -> "generic" | "wgmma" | "wgmma16rs" | built-in layout name (V-slice kernel) | "none"
  * lua/mlalab/attention.lua allocates outputs and gives friendlier errors;
  * every rule is enforced here too, so no call can crash. */
 #include <math.h>

@@ -9,7 +9,6 @@
 #include "attn_decode_kernel.cuh"
 #include "attn_decode_wg.cuh"
 #include "attn_decode_rs16.cuh"
-#include "attn_decode_wg16.cuh"
 #include "attn_slice_spec.cuh"
 #include "device.h"
 #include "mla/layout_match.h"
@@ -78,26 +77,19 @@ int stages_within(int mr, int dqk, int identity, int pitch, int64_t budget) {
 }
 
 // The built-in layouts with compile-time-specialized kernels, matched by
-// descriptor equality (for reading): the 16-row kernels (on Hopper the wgmma
-// ones, attn_decode_rs16.cuh where all value dims are e4m3, else
-// attn_decode_wg16.cuh; the V-slice one, attn_slice_spec.cuh, 48- and 64-key
+// descriptor equality (for reading): the 16-row kernels (on Hopper
+// attn_decode_rs16.cuh, the V-slice one, attn_slice_spec.cuh, 48- and 64-key
 // tiles, elsewhere) and the wgmma kernel's register-fed tiles.
 struct spec_variant {
   const char *name;
   const mla_layout_desc *desc;
   const void *slice_fn[2]; // 16-row kernel: 48-, 64-key tiles
   const void *wg_regs_fn;  // wgmma kernel, register-fed tiles (16-byte aligned views); null if the layout does not allow them
-  const void *wg16_fn;     // 16-row wgmma kernel (register-fed, codes mode); null if the layout does not allow it
-  int wg16_smem;
-  const void *rs16_fn;     // the register-A 16-row kernel (attn_decode_rs16.cuh), preferred where the layout allows it; or null
+  const void *rs16_fn;     // the 16-row wgmma kernel (attn_decode_rs16.cuh, codes mode); null if the layout does not allow it
   int rs16_smem;
 };
 template <class LS> const void *wg_regs_of() {
   if constexpr (wg::rf_ok(LS::host, LS::host.k_dims)) return (const void *)wg::attn_decode_wg_kernel<LS::host.k_dims, wg::WG_REGS, LS>;
-  else return nullptr;
-}
-template <class LS> const void *wg16_of() {
-  if constexpr (wg16::allowed<LS>()) return (const void *)wg16::attn_decode_wg16_kernel<LS::host.k_dims, LS>;
   else return nullptr;
 }
 template <class LS> const void *rs16_of() {
@@ -108,7 +100,7 @@ template <class LS> spec_variant variant_of() {
   return {LS::name, &LS::host,
           {(const void *)mla_attn_slice::attn_decode_slice_kernel<LS, 48>,
            (const void *)mla_attn_slice::attn_decode_slice_kernel<LS, 64>},
-          wg_regs_of<LS>(), wg16_of<LS>(), wg16::smem_bytes<LS>(), rs16_of<LS>(), rs16::smem_bytes<LS>()};
+          wg_regs_of<LS>(), rs16_of<LS>(), rs16::smem_bytes<LS>()};
 }
 const spec_variant *find_layout_spec(const mla_layout_desc &d) {
   static const spec_variant all[] = {variant_of<mla_attn_spec::spec_fp8_pertensor>(),
@@ -226,12 +218,11 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   int per_sm = 0;
   cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
   const spec_variant *bv = p.identity ? nullptr : find_variant(*d, p); // a built-in fp8 layout's kernels
-  // 16-row tiles of a built-in: on Hopper a wgmma kernel, rs16 where the layout allows it (MLA_ATTN_SLICE:
-  // the V-slice kernel instead), else the V-slice kernel
-  const bool wg16k = specialize == MLA_ATTN_SPECIALIZED && mr == 16 && bv && bv->wg16_fn && wg_available(props) &&
-                     bv->wg16_smem <= props.max_smem_optin;
-  const bool rs16k = wg16k && bv->rs16_fn && bv->rs16_smem <= props.max_smem_optin;
-  const spec_variant *sv = specialize != MLA_ATTN_GENERIC && mr == 16 && !wg16k ? bv : nullptr;
+  // 16-row tiles of a built-in: on Hopper the rs16 wgmma kernel (MLA_ATTN_SLICE: the V-slice kernel
+  // instead), else the V-slice kernel
+  const bool rs16k = specialize == MLA_ATTN_SPECIALIZED && mr == 16 && bv && bv->rs16_fn && wg_available(props) &&
+                     bv->rs16_smem <= props.max_smem_optin;
+  const spec_variant *sv = specialize != MLA_ATTN_GENERIC && mr == 16 && !rs16k ? bv : nullptr;
   const int wg_mode = wg_mode_for(p.identity, bv);
   const int wg_nst = specialize != MLA_ATTN_GENERIC && mr == 64 && wg_available(props) ? wg_stages(dqk, wg_mode, p.stage_pitch, props.max_smem_optin) : 0;
   const bool wgk = wg_nst > 0;
@@ -239,8 +230,6 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   const void *fn = nullptr;
   if (rs16k) {
     ctas_per_sm = 1, nst = 1, smem = bv->rs16_smem, tile = wg::SPLIT_KEYS, tile_keys = rs16::KB, fn = bv->rs16_fn;
-  } else if (wg16k) {
-    ctas_per_sm = 1, nst = wg16::NKB, smem = bv->wg16_smem, tile = wg::SPLIT_KEYS, tile_keys = wg16::KB, fn = bv->wg16_fn;
   } else if (wgk) {
     nst = wg_nst, smem = wg_smem(dqk, wg_mode, p.stage_pitch), tile = wg::SPLIT_KEYS, tile_keys = wg::tile_keys(wg_mode);
     fn = wg_kernel(bv, dqk, wg_mode);
@@ -255,7 +244,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
     if (nst) smem = mla_attn_slice::make_slice_smem(p.stage_pitch, nst, bk, nr).total, fn = sv->slice_fn[bk == 64], tile = tile_keys = bk;
     else sv = nullptr, ctas_per_sm = 2; // cannot happen on sm_80+; the generic path decides
   }
-  if (!sv && !wgk && !wg16k) {
+  if (!sv && !wgk && !rs16k) {
     nst = ctas_per_sm == 2 ? stages_within(mr, dqk, p.identity, p.stage_pitch, per_sm / 2 - 1024) : 0;
     if (!nst) ctas_per_sm = 1, nst = stages_within(mr, dqk, p.identity, p.stage_pitch, props.max_smem_optin);
     if (!nst)
@@ -288,8 +277,8 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   p.out = (uint16_t *)out, p.lse = lse;
 
   dim3 grid((unsigned)ctas, (unsigned)ns);
-  const int nt = rs16k ? rs16::NT : wg16k ? wg16::NT : wgk ? wg::NT : sv ? mla_attn_slice::NT : threads_for(mr);
-  const char *variant = rs16k ? "wgmma16rs" : wg16k ? "wgmma16" : wgk ? "wgmma" : sv ? sv->name : "generic";
+  const int nt = rs16k ? rs16::NT : wgk ? wg::NT : sv ? mla_attn_slice::NT : threads_for(mr);
+  const char *variant = rs16k ? "wgmma16rs" : wgk ? "wgmma" : sv ? sv->name : "generic";
   void *args[] = {&p};
   cudaError_t e = cudaLaunchKernel(fn, grid, dim3(nt), args, (size_t)smem, stream);
   int rc = e != cudaSuccess ? mla_cuda_check(e, "launch of kernel attn_decode") : mla_launch_check(dev, "attn_decode");

@@ -23,7 +23,7 @@ typedef struct mla_attn_plan {
   int ctas_per_sm;
   int identity;      /* K rows copied as bf16 without a dequant pass */
   int64_t smem;      /* dynamic shared memory per CTA */
-  const char *variant; /* "generic", "wgmma", "wgmma16", or the built-in layout whose V-slice kernel ran */
+  const char *variant; /* "generic", "wgmma", "wgmma16rs", or the built-in layout whose V-slice kernel ran */
 } mla_attn_plan;
 
 /* 1 if the baked kernels handle this shape (d_qk 512 or 576, d_v 512),

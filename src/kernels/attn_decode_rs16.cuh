@@ -25,13 +25,12 @@
 // corrected per key in f32, P V takes P x 2^(E_k - E_run), E_run the
 // warpgroup's running maximum (O^T in units of 2^E_run).
 // Masks, Q's power of two and the epilogue's semantics are the other wgmma
-// kernels'. Against attn_decode_wg16.cuh (three warpgroups, K tiles through
-// shared memory) it stores 64 KB instead of 73.7 KB per tile and reads no K
-// tile back (an m64n16k16 with A in shared memory takes 20 cycles, bound by
-// the 2 KB A read; with A in registers 16.5: bench/probes/wgmma_n16_rate.cu).
-// fp8_v4 moved here from wgmma16 in the twentieth session: 7-11% faster
-// (bench/RESULTS.md); a first try had spilled (27% slower) before the
-// nineteenth session's register cuts.
+// kernels'. Against the three-warpgroup 16-row kernel it replaced (K tiles
+// through shared memory, removed in the twentieth session) it stores 64 KB
+// instead of 73.7 KB per tile and reads no K tile back (an m64n16k16 with A in
+// shared memory takes 20 cycles, bound by the 2 KB A read; with A in
+// registers 16.5: bench/probes/wgmma_n16_rate.cu). fp8_v4 was the last layout
+// on that kernel: here it runs 7-11% faster (bench/RESULTS.md).
 // sm_90a only.
 #ifndef MLA_ATTN_DECODE_RS16_CUH
 #define MLA_ATTN_DECODE_RS16_CUH
