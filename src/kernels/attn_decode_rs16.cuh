@@ -202,6 +202,11 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
   const int r8 = lane & 7, jm = lane >> 3;
   const uint32_t vst = v_addr + (16 * warp + r8 + 8 * (jm & 1)) * 128 + ((((jm >> 1) ^ r8) & 1) << 4) + ((r8 & 6) << 4);
   const float s_fac = p.scale_log2 * pow2i(qk) * (CO::tensor ? tscale : 1.0f);
+  // P^T's stores: S^T's accumulator fragments (keys x queries) stored transposed with stmatrix, matrix
+  // m = 2j + hi holding keys 16 warp + 8 hi.. + 8 and queries 8j.. + 8; this lane addresses stored row
+  // (query) 8j + lane % 8 of matrix lane / 8, the 16 bytes of its keys
+  const uint32_t p_addr = mla::smem_addr(smem + L.p + wgi * NPB * BLK_Q);
+  const int pst = mla::sw128_off(MR, 8 * (lane >> 4) + (lane & 7), 2 * warp + ((lane >> 3) & 1));
 
   for (int it = 0; cur < niter; it++) {
     // E_k of the two keys (codes x f16(s x 2^-E_k) stays below 2^15)
@@ -273,22 +278,34 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
     int e_new = e_run;
     if constexpr (HAS_E) e_new = max(e_run, max(max(kexp_s[0], kexp_s[1]), max(kexp_s[2], kexp_s[3])));
     // P^T (f16): weights times 2^(E_k - E_run), so that P V sums in units of 2^E_run
-    unsigned char *Ps = smem + L.p + (wgi * NPB + it % NPB) * BLK_Q;
+    const uint32_t ps_addr = p_addr + (it % NPB) * BLK_Q;
     const float pa = HAS_E ? pow2i(max(ea - e_new, -126)) : 1.0f, pb = HAS_E ? pow2i(max(eb - e_new, -126)) : 1.0f;
     const float ia = HAS_E ? pow2i(min(e_new - ea, 126)) : 1.0f, ib = HAS_E ? pow2i(min(e_new - eb, 126)) : 1.0f;
     float ps[2][2] = {{0.f, 0.f}, {0.f, 0.f}}, pr[2][2] = {{0.f, 0.f}, {0.f, 0.f}};
+    uint32_t ph[4], pt[4]; // f16x2 (and bf16x2) of elements 2m, 2m + 1: fragment matrix m of P^T's stmatrix
 #pragma unroll
-    for (int e = 0; e < 8; e++) {
-      const int j = e >> 2, e1 = e & 1, hi = (e >> 1) & 1, kr = ka + 8 * hi;
-      const float pv = wg::exp2_ftz(s[e] - base[j][e1]);
+    for (int m = 0; m < 4; m++) {
+      const int j = m >> 1, hi = m & 1;
+      float pv[2], pw[2];
+#pragma unroll
+      for (int e1 = 0; e1 < 2; e1++) {
+        pv[e1] = wg::exp2_ftz(s[2 * m + e1] - base[j][e1]);
+        pw[e1] = pv[e1] * (hi ? pb : pa);
+      }
       // the output divides by the sum of the weights P V uses (f16), so it
       // is their exact average; the LSE keeps the unrounded sum
-      const __half ph = __float2half_rn(pv * (hi ? pb : pa));
-      ps[j][e1] += pv, pr[j][e1] += __half2float(ph) * (hi ? ib : ia);
-      const int at = mla::sw128_off(MR, qcol(j, e1), kr >> 3) + (kr & 7) * 2;
-      *reinterpret_cast<__half *>(Ps + at) = ph;
-      if constexpr (MIXED) *reinterpret_cast<__nv_bfloat16 *>(Ps + TWIN + at) = __float2bfloat16_rn(pv * (hi ? pb : pa));
+      const __half2 h = __floats2half2_rn(pw[0], pw[1]);
+      const float2 hf = __half22float2(h);
+      ph[m] = *reinterpret_cast<const uint32_t *>(&h);
+      if constexpr (MIXED) {
+        const __nv_bfloat162 b = __floats2bfloat162_rn(pw[0], pw[1]);
+        pt[m] = *reinterpret_cast<const uint32_t *>(&b);
+      }
+      ps[j][0] += pv[0], ps[j][1] += pv[1];
+      pr[j][0] += hf.x * (hi ? ib : ia), pr[j][1] += hf.y * (hi ? ib : ia);
     }
+    mla::stmatrix_x4_trans(ps_addr + pst, ph[0], ph[1], ph[2], ph[3]);
+    if constexpr (MIXED) mla::stmatrix_x4_trans(ps_addr + TWIN + pst, pt[0], pt[1], pt[2], pt[3]);
 #pragma unroll
     for (int j = 0; j < 2; j++)
 #pragma unroll

@@ -100,6 +100,14 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t a0, uint32_t
 #endif
 }
 
+/* The same, each matrix stored transposed (the lane's address is a row of
+ * the stored matrix, i.e. a column of the fragment's). */
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3) {
+#if MLA_HAVE_WGMMA
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a0), "r"(a1), "r"(a2), "r"(a3) : "memory");
+#endif
+}
+
 /* Named barriers (id 1..15; 0 is __syncthreads): bar_sync waits until n
  * threads have arrived, bar_arrive counts this thread without waiting. */
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
