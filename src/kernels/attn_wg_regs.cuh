@@ -104,44 +104,45 @@ __host__ __device__ constexpr int rf_scale_count(const mla_layout_desc &d, int d
   return n;
 }
 
-// Byte scales (ue8m0) are read in aligned windows of their region, as wide
-// as its granularity (up to 16 bytes; find_variant checks the view allows
-// it), each window loaded once as one vector: fp8_v4's seven are one 8-byte
+// Scales are read in aligned windows of their region, as wide as its
+// granularity (up to 16 bytes; find_variant checks the view allows it), each
+// window loaded once as one vector: fp8_v4's seven ue8m0 bytes are one 8-byte
 // load (a load each took issue slots the memory-bound 16-row kernels lack:
-// h16 3.7-5.4% faster). f32 scales stay one load each: fp8_ds_mla's four in
-// one 16-byte window (or two 8-byte ones) ran fewer instructions but 3% slower
-// from DRAM (bench/RESULTS.md, twentieth session).
-__host__ __device__ constexpr int rf_window_bytes(const mla_layout_desc &d, int i) {
+// h16 3.7-5.4% faster). f32 scales only where f32w (the 64-row kernel, 1.5%
+// faster): in rs16 fp8_ds_mla's four f32 scales as one 16-byte window (or two
+// 8-byte ones) ran fewer instructions but 3% slower from DRAM
+// (bench/RESULTS.md, twentieth session), so there each is one load.
+__host__ __device__ constexpr int rf_window_bytes(const mla_layout_desc &d, int i, bool f32w) {
   const rf_chunk a = rf_pair(d, i);
   const int g = mla_attn_spec::region_gran(d, a.sregion);
-  return a.kind == mla_attn_spec::SK_FP8_F32 ? 4 : g >= 4 ? g : 1;
+  return a.kind == mla_attn_spec::SK_FP8_F32 && !f32w ? 4 : g >= 4 ? g : a.kind == mla_attn_spec::SK_FP8_F32 ? 4 : 1;
 }
-__host__ __device__ constexpr int rf_window_start(const mla_layout_desc &d, int i) {
-  return rf_pair(d, i).ssrc / rf_window_bytes(d, i) * rf_window_bytes(d, i);
+__host__ __device__ constexpr int rf_window_start(const mla_layout_desc &d, int i, bool f32w) {
+  return rf_pair(d, i).ssrc / rf_window_bytes(d, i, f32w) * rf_window_bytes(d, i, f32w);
 }
-__host__ __device__ constexpr bool rf_same_window(const mla_layout_desc &d, int i, int j) {
+__host__ __device__ constexpr bool rf_same_window(const mla_layout_desc &d, int i, int j, bool f32w) {
   return rf_scaled(rf_pair(d, i).kind) && rf_scaled(rf_pair(d, j).kind) && rf_pair(d, i).sregion == rf_pair(d, j).sregion &&
-         rf_window_bytes(d, i) == rf_window_bytes(d, j) && rf_window_start(d, i) == rf_window_start(d, j);
+         rf_window_bytes(d, i, f32w) == rf_window_bytes(d, j, f32w) && rf_window_start(d, i, f32w) == rf_window_start(d, j, f32w);
 }
-__host__ __device__ constexpr bool rf_window_first(const mla_layout_desc &d, int i) {
+__host__ __device__ constexpr bool rf_window_first(const mla_layout_desc &d, int i, bool f32w) {
   if (!rf_scaled(rf_pair(d, i).kind)) return false;
   for (int j = 0; j < i; j++)
-    if (rf_same_window(d, j, i)) return false;
+    if (rf_same_window(d, j, i, f32w)) return false;
   return true;
 }
 // slot of pair i's window among the windows of pairs 0..i (-1: no scale)
-__host__ __device__ constexpr int rf_window_slot(const mla_layout_desc &d, int i) {
+__host__ __device__ constexpr int rf_window_slot(const mla_layout_desc &d, int i, bool f32w) {
   int n = 0;
   for (int j = 0; j <= i; j++) {
-    if (!rf_window_first(d, j)) continue;
-    if (rf_same_window(d, j, i)) return n;
+    if (!rf_window_first(d, j, f32w)) continue;
+    if (rf_same_window(d, j, i, f32w)) return n;
     n++;
   }
   return -1;
 }
-__host__ __device__ constexpr int rf_window_count(const mla_layout_desc &d, int dqk) {
+__host__ __device__ constexpr int rf_window_count(const mla_layout_desc &d, int dqk, bool f32w) {
   int n = 0;
-  for (int i = 0; i < dqk / 64; i++) n += rf_window_first(d, i);
+  for (int i = 0; i < dqk / 64; i++) n += rf_window_first(d, i, f32w);
   return n;
 }
 
@@ -215,8 +216,9 @@ __device__ __forceinline__ int tile_exponent(int field, int e_before) {
 __device__ __forceinline__ float pow2i(int x) { return __uint_as_float((uint32_t)(127 + x) << 23); }
 
 // One thread's share of a key: loaded into registers, then converted into a K tile.
-template <class LS, int DQK> struct rf_key {
-  static constexpr int NI = DQK / 64, NW = rf_window_count(LS::host, DQK);
+// F32W: f32 scales in windows too (rf_window_bytes).
+template <class LS, int DQK, bool F32W = false> struct rf_key {
+  static constexpr int NI = DQK / 64, NW = rf_window_count(LS::host, DQK, F32W);
   uint4 d[NI][2];  // e4m3 pair in d[i][0]; bf16 chunks in d[i][0], d[i][1]
   uint32_t sw[NW > 0 ? NW : 1][4]; // scale windows (rf_window_bytes), byte 4k + j in bits 8j of word k
   bool ok;
@@ -241,14 +243,14 @@ template <class LS, int DQK> struct rf_key {
     static_for<NI>([&](auto ic) {
       constexpr int i = decltype(ic)::value;
       constexpr rf_chunk a0 = rf_pair(LS::host, i, 0), a1 = rf_pair(LS::host, i, 1);
-      constexpr int w = rf_window_slot(LS::host, i), wb = rf_window_bytes(LS::host, i);
+      constexpr int w = rf_window_slot(LS::host, i, F32W), wb = rf_window_bytes(LS::host, i, F32W);
       d[i][0] = d[i][1] = make_uint4(0, 0, 0, 0);
-      if constexpr (rf_window_first(LS::host, i)) sw[w][0] = sw[w][1] = sw[w][2] = sw[w][3] = 0;
+      if constexpr (rf_window_first(LS::host, i, F32W)) sw[w][0] = sw[w][1] = sw[w][2] = sw[w][3] = 0;
       if (!ok) return;
       if constexpr (is_fp8_kind(a0.kind)) {
         d[i][0] = __ldg(reinterpret_cast<const uint4 *>(rq16[a0.region] + a0.src));
-        if constexpr (rf_window_first(LS::host, i)) {
-          const unsigned char *at = rows[a0.sregion] + rf_window_start(LS::host, i);
+        if constexpr (rf_window_first(LS::host, i, F32W)) {
+          const unsigned char *at = rows[a0.sregion] + rf_window_start(LS::host, i, F32W);
           if constexpr (wb == 16) {
             const uint4 v = __ldg(reinterpret_cast<const uint4 *>(at));
             sw[w][0] = v.x, sw[w][1] = v.y, sw[w][2] = v.z, sw[w][3] = v.w;
@@ -268,8 +270,8 @@ template <class LS, int DQK> struct rf_key {
   // Pair I's scale from its window: f32 bits, or the ue8m0 byte.
   template <int I> __device__ __forceinline__ uint32_t scale_bits() const {
     constexpr rf_chunk a = rf_pair(LS::host, I);
-    constexpr int off = a.ssrc - rf_window_start(LS::host, I);
-    const uint32_t word = sw[rf_window_slot(LS::host, I)][off / 4];
+    constexpr int off = a.ssrc - rf_window_start(LS::host, I, F32W);
+    const uint32_t word = sw[rf_window_slot(LS::host, I, F32W)][off / 4];
     if constexpr (a.kind == mla_attn_spec::SK_FP8_F32) {
       static_assert(off % 4 == 0, "an f32 scale is 4-byte aligned in its window");
       return word;
@@ -441,7 +443,7 @@ template <class LS> constexpr int rf_block_size() {
   if constexpr (std::is_void<LS>::value) return 0;
   else return LS::host.block_size;
 }
-template <class LS, int DQK, bool ON> struct rf_holder { using type = rf_key<LS, DQK>; };
+template <class LS, int DQK, bool ON> struct rf_holder { using type = rf_key<LS, DQK, true>; };
 template <class LS, int DQK> struct rf_holder<LS, DQK, false> { struct type {}; };
 
 } // namespace wg
