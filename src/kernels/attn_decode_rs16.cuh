@@ -15,11 +15,13 @@
 //     8x8 matrices), so O^T's rows come out permuted within each 64-dim
 //     block (v_dim) and the epilogue puts them back. bf16 value dims (fp8_v4's
 //     RoPE block) stay bf16 in the V tile and take a bf16 twin of P.
-// The tile runs at its instruction rate, not the memory's: with every page
-// L2-resident it is no faster (bench/attn_l2_resident.lua), so each
+// The tile ran at its instruction rate, not the memory's (with every page
+// L2-resident it was no faster: bench/attn_l2_resident.lua), so each
 // instruction in the loop counts (descriptors from one base, one address a
-// key, no register moves for the V stores: bench/RESULTS.md, nineteenth
-// session).
+// key, no register moves for the V and P stores: bench/RESULTS.md, nineteenth
+// and twentieth sessions); now L2-resident runs are 12-19% faster. Loads
+// stay issued a key row at a time after the conversion: spread over the tile
+// or prefetched to L2 they cost more than they hid (twentieth session).
 // Units: key k's codes carry f16(s x 2^-E_k), E_k from the key's own largest
 // scale exponent less headroom (no reduction before the conversion); S is
 // corrected per key in f32, P V takes P x 2^(E_k - E_run), E_run the
