@@ -582,10 +582,10 @@ describe("attention baked specialized kernels", function()
   local function hopper() return mla.device_props(0).arch == "sm_90" end
   -- specialize = true (on Hopper wgmma16rs),
   -- "slice" (the V-slice kernel, named by its layout), false
-  local function hopper16() return "wgmma16rs" end
+  local HOPPER16 = "wgmma16rs"
   local function both(case, opts, preset, want)
     return specialized_and_generic(case, opts, preset, function(spec)
-      return spec == true and hopper() and hopper16(want) or want
+      return spec == true and hopper() and HOPPER16 or want
     end, 16, { true, "slice", false })
   end
 
@@ -698,7 +698,7 @@ describe("attention baked specialized kernels", function()
   it("are chosen by descriptor equality, not by name: a renamed copy is served, other descriptors are not #gpu", function()
     local base = mla.layout.get("fp8_ds_mla")
     local cases = {
-      { L = base:with { name = "ds_mla_renamed" }, bs = 64, want = hopper() and hopper16("fp8_ds_mla") or "fp8_ds_mla" },
+      { L = base:with { name = "ds_mla_renamed" }, bs = 64, want = hopper() and HOPPER16 or "fp8_ds_mla" },
       { L = base:with { name = "ds_mla_g64", scale = { nope = { group = 64 } } }, bs = 64, want = "generic" },
       { L = base, bs = 32, want = "generic" }, -- built-in descriptors are compiled at block_size 64
     }
