@@ -114,8 +114,10 @@ __host__ __device__ constexpr int rf_scale_count(const mla_layout_desc &d, int d
 // (bench/RESULTS.md, twentieth session), so there each is one load.
 __host__ __device__ constexpr int rf_window_bytes(const mla_layout_desc &d, int i, bool f32w) {
   const rf_chunk a = rf_pair(d, i);
+  const bool f32 = a.kind == mla_attn_spec::SK_FP8_F32;
+  if (f32 && !f32w) return 4;
   const int g = mla_attn_spec::region_gran(d, a.sregion);
-  return a.kind == mla_attn_spec::SK_FP8_F32 && !f32w ? 4 : g >= 4 ? g : a.kind == mla_attn_spec::SK_FP8_F32 ? 4 : 1;
+  return g >= 4 ? g : f32 ? 4 : 1;
 }
 __host__ __device__ constexpr int rf_window_start(const mla_layout_desc &d, int i, bool f32w) {
   return rf_pair(d, i).ssrc / rf_window_bytes(d, i, f32w) * rf_window_bytes(d, i, f32w);
@@ -286,11 +288,8 @@ template <class LS, int DQK, bool F32W = false> struct rf_key {
     constexpr int kind = rf_pair(LS::host, I).kind;
     if constexpr (kind == SK_FP8_TENSOR) return tscale;
     else if constexpr (kind == SK_FP8_F32) return __uint_as_float(scale_bits<I>());
-    else if constexpr (kind == SK_FP8_UE8M0) {
-      // mla_decode_scale's rule as selects (its early returns compiled to a branch a block)
-      const uint32_t b = scale_bits<I>();
-      return __uint_as_float(b == 0xffu ? 0x7fffffffu : b ? b << 23 : 0x00400000u);
-    } else return 1.0f;
+    else if constexpr (kind == SK_FP8_UE8M0) return mla_ue8m0_scale(scale_bits<I>());
+    else return 1.0f;
   }
 
   // Largest finite exponent field among this thread's scales (0: none).

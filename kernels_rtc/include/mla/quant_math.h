@@ -120,12 +120,18 @@ MLA_HD uint32_t mla_encode_scale(int scale_dtype, float v, float *decoded) {
   }
 }
 
+/* A ue8m0 byte's multiplier 2^(b - 127): 0xFF is NaN, 0 the subnormal 2^-127.
+ * One expression, so that it compiles to selects rather than a branch (a
+ * branch a block cost the register-fed decode kernels issue slots). */
+MLA_HD float mla_ue8m0_scale(uint32_t b) {
+  b &= 0xFFu;
+  return mla_u2f(b == 0xFFu ? 0x7FFFFFFFu : b ? b << 23 : 0x00400000u);
+}
+
 /* Decode stored scale bits (as read from the cache) into the multiplier. */
 MLA_HD float mla_decode_scale(int scale_dtype, uint32_t code) {
   switch (scale_dtype) {
-  case MLA_UE8M0:
-    if ((code & 0xFF) == 0xFF) return mla_u2f(0x7FFFFFFFu);
-    return (code & 0xFF) == 0 ? mla_u2f(0x00400000u) : mla_u2f((code & 0xFF) << 23);
+  case MLA_UE8M0: return mla_ue8m0_scale(code);
 #if defined(__CUDA_ARCH__)
   case MLA_E4M3: return mla::e4m3_to_float((uint8_t)code);
 #else
