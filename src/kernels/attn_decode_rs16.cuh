@@ -21,7 +21,11 @@
 // key, no register moves for the V and P stores: bench/RESULTS.md, nineteenth
 // and twentieth sessions); now L2-resident runs are 12-19% faster. Loads
 // stay issued a key row at a time after the conversion: spread over the tile
-// or prefetched to L2 they cost more than they hid (twentieth session).
+// or prefetched to L2 a row at a time they cost more than they hid (twentieth
+// session). Dense: one thread a warpgroup sends the page of the tile after
+// next to L2 in one bulk prefetch a region, right after the next tile's loads
+// go out (4-9% faster; issued before them, or a tile further ahead, slower:
+// bench/RESULTS.md, twenty-first session).
 // Units: key k's codes carry f16(s x 2^-E_k), E_k from the key's own largest
 // scale exponent less headroom (no reduction before the conversion); S is
 // corrected per key in f32, P V takes P x 2^(E_k - E_run), E_run the
@@ -79,8 +83,11 @@ template <class LS> struct rs_codes {
 template <class LS> constexpr bool allowed() { return rs_codes<LS>::on; }
 
 struct smem_plan {
-  int q, v, p, smax, rows, lsum, fin, misc, total;
+  int q, v, p, smax, rows, lsum, fin, misc, pages, total;
 };
+// Dense: block-table entries kept in shared memory for the L2 prefetches
+// (tiles past them are not prefetched)
+constexpr int PF_BLOCKS = 1024;
 // P tiles: [warpgroup][buffer] f16, then as many bf16 twins (MIXED)
 template <int DQK, bool MIXED> __host__ __device__ constexpr smem_plan make_smem_plan() {
   smem_plan s{};
@@ -93,6 +100,7 @@ template <int DQK, bool MIXED> __host__ __device__ constexpr smem_plan make_smem
   s.lsum = o, o += 2 * 2 * 4 * MR * 4;   // per warpgroup: row sums per warp, l then the rounded sum
   s.fin = o, o += MR * 4;
   s.misc = o, o += 16 * 4; // Q's warp maxima [0, 8); [8, 10) the exponent slots codes_q clears, unused here
+  s.pages = o, o += PF_BLOCKS * 4;
   s.total = o + 1024;
   return s;
 }
@@ -116,6 +124,38 @@ __device__ __forceinline__ int q_perm_off(int row, int d) {
 // (16-byte stores of f16x2 pairs in natural order cost four register moves
 // a store: 128 instructions a tile, measured with cuobjdump.)
 __device__ __forceinline__ int v_dim(int m) { return 16 * ((m >> 1) & 3) + 4 * (m >> 4) + 2 * ((m >> 3) & 1) + (m & 1); }
+
+// Dense: asks L2 for block `blk` (counted from the CTA's first, b0) of the
+// request, each region's rows of its page in one bulk prefetch (16-byte
+// granular, within the page; none where the rows lie far apart). One thread
+// a page: the register loads a warpgroup issues a tile ahead then find their
+// rows in L2.
+template <class LS> __device__ __forceinline__ void prefetch_block_l2(const params &p, const int *pages, int blk) {
+  if (blk < 0 || blk >= PF_BLOCKS) return;
+  const int page = pages[blk];
+  if (page < 0 || page >= p.v.num_pages) return;
+  const unsigned char *pb = p.v.base + (int64_t)page * p.v.page_stride;
+  mla_attn_spec::static_for<LS::host.nregions>([&](auto rc) {
+    constexpr int rg = decltype(rc)::value, bytes = LS::host.region_row_bytes[rg];
+    const int64_t stride = rg == 0 ? p.v.token_stride : bytes, span = (LS::host.block_size - 1) * stride + bytes;
+    // rows far apart (a token-interleaved cross-layer view): the span is mostly other layers' bytes
+    if (span > 2 * LS::host.block_size * bytes) return;
+    const uintptr_t a = (uintptr_t)(pb + LS::host.region_off[rg]);
+    const uintptr_t s = a & ~(uintptr_t)15, e = (a + span) & ~(uintptr_t)15;
+    if (e > s) mla::prefetch_l2_bulk((const void *)s, (uint32_t)(e - s));
+  });
+}
+// The blocks of tile t (keys k0 + 64 t ..): one, or two where the tile starts mid-page (a split's first key).
+template <class LS> __device__ __forceinline__ void prefetch_tile_l2(const params &p, const int *pages, int k0, int k1, int b0, int t) {
+  constexpr int BS = LS::host.block_size;
+  const int k = k0 + t * KB, ke = min(k + KB, k1) - 1;
+  if (k > ke) return;
+  prefetch_block_l2<LS>(p, pages, k / BS - b0);
+  if (ke / BS != k / BS) prefetch_block_l2<LS>(p, pages, ke / BS - b0);
+}
+// Tiles ahead of a warpgroup's current one whose pages it sends to L2: its
+// next (cur + 2) is loading into registers, so cur + 4 has one iteration.
+constexpr int PF_AHEAD = 4;
 
 template <int DQK, class LS>
 __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_constant__ params p) {
@@ -166,6 +206,12 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
     na = slot_fetch<1, BS>(p, r, qi, k1, k0 + after * KB, ka), nb = slot_fetch<1, BS>(p, r, qi, k1, k0 + after * KB, ka + 8);
   };
   if (cur < niter) load_tile(nx);
+  // dense: the request's block-table entries from the CTA's first block, for the L2 prefetches
+  int *pages = reinterpret_cast<int *>(smem + L.pages);
+  const int b0 = k0 / BS;
+  if (!p.sparse)
+    for (int i = tid; i < PF_BLOCKS && b0 + i < p.max_blocks && (b0 + i) * BS < k1; i += NT)
+      pages[i] = __ldg(p.block_table + (int64_t)r * p.max_blocks + b0 + i);
 
   // Q rows, dims permuted (q_perm_off); codes mode: Q x 2^-qk.
   uint32_t qmx = 0;
@@ -180,6 +226,8 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
   const int qk = wg::codes_q<CO, MR, NCH, NT>(Qs, qmx, qmax_w, qmax_w + 8, tid, lane);
   mla::fence_proxy_async(); // this thread's Q rows, for the tensor cores
   __syncthreads();
+  // the tiles each warpgroup loads next and after (2, 3 before the loop's prefetches start at 4, 5) to L2
+  if (!p.sparse && tid < 2) prefetch_tile_l2<LS>(p, pages, k0, k1, b0, 2 + tid);
 
   // Accumulator element e of an m64n16 tile: row 16 warp + g + 8 ((e >> 1) & 1),
   // column 8 (e >> 2) + 2 t4 + (e & 1). S^T: rows are keys, columns queries;
@@ -243,6 +291,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
     });
     const int nxx = nx + 2;
     if (nx < niter) load_tile(nxx); // the raw rows are converted: the next tile's loads take their registers
+    if (!p.sparse && wt == 32) prefetch_tile_l2<LS>(p, pages, k0, k1, b0, cur + PF_AHEAD);
     mla::wgmma_wait<0>();
     float s[8];
 #pragma unroll

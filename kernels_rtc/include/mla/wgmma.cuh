@@ -108,6 +108,14 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t a0, ui
 #endif
 }
 
+/* An L2 prefetch (a hint: nothing waits on it) of `bytes` (a multiple of 16)
+ * from a 16-byte aligned address, one instruction. */
+__device__ __forceinline__ void prefetch_l2_bulk(const void *src, uint32_t bytes) {
+#if MLA_HAVE_WGMMA
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+#endif
+}
+
 /* Named barriers (id 1..15; 0 is __syncthreads): bar_sync waits until n
  * threads have arrived, bar_arrive counts this thread without waiting. */
 __device__ __forceinline__ void bar_sync(int id, int n) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory"); }
