@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
   const int qk = wg::codes_q<CO, MR, NCH, NT>(Qs, qmx, qmax_w, qmax_w + 8, tid, lane);
   mla::fence_proxy_async(); // this thread's Q rows, for the tensor cores
   __syncthreads();
-  // the tiles each warpgroup loads next and after (2, 3 before the loop's prefetches start at 4, 5) to L2
+  // each warpgroup's next tile (2, 3: loaded in the first iteration, whose prefetches start at 4, 5) to L2
   if (!p.sparse && tid < 2) prefetch_tile_l2<LS>(p, pages, k0, k1, b0, 2 + tid);
 
   // Accumulator element e of an m64n16 tile: row 16 warp + g + 8 ((e >> 1) & 1),
