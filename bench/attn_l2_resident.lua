@@ -3,7 +3,8 @@
 -- pages (read from DRAM), then with every request's block table pointing into the same few
 -- pages (L2-resident, so no DRAM traffic). A ratio L2 / DRAM near 1 says the kernel runs at
 -- the rate of its instructions, not of the memory: the tile's work is what to cut.
--- (Nineteenth session, bench/RESULTS.md: the fp8 16-row kernels measured 0.92-1.02.)
+-- (bench/RESULTS.md: the fp8 16-row kernels measured 0.92-1.02 in the nineteenth session,
+-- 0.87-0.94 once they sent their pages to L2 a tile ahead in the twenty-first.)
 --   mlalab bench/attn_l2_resident.lua [layout ...] [--len L ...] [--pages N] [--b B] [--h H]
 --                                     [--max-time s]
 local mla = require "mlalab"
