@@ -535,6 +535,13 @@ describe("attention baked kernels", function()
     local out, lse = run(case, "baked", { check = false })
     assert.equal(math.huge, lse:to("cpu"):get({ 0, 0, 0 }))
     assert.equal(0, out:to("f32"):to("cpu"):get({ 0, 0, 0, 7 }))
+    -- six tiles on the 16-row fp8 kernel too: its L2 page prefetches (tiles 2-5) must skip these pages as well
+    case = C.dense { layout = "fp8_ds_mla", b = 1, s_q = 1, h_q = 16, lens = { 384 } }
+    local np = case.cache.num_blocks
+    case.block_table = mla.tensor({ { 123456789, -7, np, 2147483647, C.GARBAGE, np + 1, C.GARBAGE } }, "i32", "cuda")
+    out, lse = run(case, "baked", { check = false })
+    assert.equal(math.huge, lse:to("cpu"):get({ 0, 5, 0 }))
+    assert.equal(0, out:to("f32"):to("cpu"):get({ 0, 0, 5, 100 }))
   end)
 end)
 
