@@ -120,7 +120,7 @@ extern "C" __global__ void __launch_bounds__(128)
     f[w] = m_w[w] == -inf_f() ? 0.f : expf(m_w[w] - M);
     Lsum += l_w[w] * f[w];
   }
-  const bool none = M == -inf_f() || Lsum <= 0.f;
+  const bool none = Lsum == 0.f; // a NaN sum (a NaN score) is not empty: NaN LSE and output, as the reference
   const float lse_v = none ? inf_f() : M + logf(Lsum);
   float g = none ? 0.f : 1.0f / Lsum;
   if (!none && sink) g *= 1.0f / (1.0f + expf(sink[h] - lse_v));

@@ -59,6 +59,20 @@ local function ref(case, extra)
   return mla.attention.decode(a)
 end
 
+-- The slot of position pos of dense request r.
+local function slot_of(case, r, pos)
+  local bt = case.block_table:to("cpu"):totable()
+  local bs = case.block_size
+  return bt[r + 1][pos // bs + 1] * bs + pos % bs
+end
+
+-- Writes a row with one NaN (dim 10) into a slot, through the layout's writer.
+local function nan_key(case, slot)
+  local x = mla.randn({ 1, case.layout.k_dims }, { std = 0.1, device = "cpu" }):totable()
+  x[1][11] = 0 / 0
+  case.cache:write(case.view.layer, mla.tensor(x, "bf16", "cpu"), mla.tensor({ slot }, "i64", "cpu"))
+end
+
 local function out_row(out, r, i, h) return out:select(0, r):select(0, i):select(0, h):totable() end
 local function lse_at(lse, r, h, i) return lse:get({ r, h, i }) end
 
@@ -248,6 +262,22 @@ describe("attention reference (CPU)", function()
     local out_s, lse_s = mla.attention.decode { q = case.q, cache = case.view, indices = mla.tensor(idx, "i32", "cpu"), impl = "ref" }
     assert.is_true(mla.compare(out_s, out_d, { atol = 1e-7 }).ok)
     assert.is_true(mla.compare(lse_s, lse_d, { atol = 1e-6 }).ok)
+  end)
+
+  it("a NaN in a key: its request's output and lse are NaN, the other requests untouched", function()
+    for k, name in ipairs { "bf16", "fp8_v4" } do
+      mla.manual_seed(30 + k)
+      local case = C.dense { layout = name, b = 2, s_q = 1, h_q = 2, lens = { 40, 70 }, block_size = 16, device = "cpu" }
+      local o1, l1 = ref(case)
+      nan_key(case, slot_of(case, 0, 7))
+      local o2, l2 = ref(case)
+      for h = 0, 1 do
+        assert.is_true(l2:get({ 0, h, 0 }) ~= l2:get({ 0, h, 0 }), name)
+        for _, v in ipairs(out_row(o2, 0, 0, h)) do assert.is_true(v ~= v) end
+        assert.equal(l1:get({ 1, h, 0 }), l2:get({ 1, h, 0 }))
+      end
+      assert.is_true(mla.compare(o2:select(0, 1), o1:select(0, 1), "exact").ok)
+    end
   end)
 
   it("reads a layer of a block-major cross-layer cache through its strides, ignoring NaN neighbours", function()
@@ -473,6 +503,37 @@ for _, impl in ipairs { "baked", "jit" } do
         local out, lse = run(case, impl)
         against_ref(case, {}, out, lse, DENSE_OUT)
       end
+    end)
+
+    it("a NaN in a key gives the rows that see it a NaN output and lse, as the reference; one split and several #gpu", function()
+      -- bf16: the value itself; fp8_pertensor: its code; fp8_ds_mla / fp8_v4: its group's scale (ue8m0 255 for
+      -- fp8_v4). A NaN sum used to pass for an empty row: lse +inf, and through the combine the NaN split vanished.
+      local n = 0
+      for k, name in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_v4" } do
+        for _, h_q in ipairs { 16, 128 } do -- the 16-row kernels and the 64-row one
+          mla.manual_seed(650 + 2 * k + h_q)
+          local case = C.dense { layout = name, b = 3, s_q = 1, h_q = h_q, lens = { 700, 300, 900 } }
+          nan_key(case, slot_of(case, 0, 450))
+          local _, rl = ref(case)
+          assert.is_true(rl:get({ 0, 0, 0 }) ~= rl:get({ 0, 0, 0 }), name .. ": the reference sees the NaN")
+          assert.is_true(rl:get({ 1, 0, 0 }) < math.huge)
+          for _, splits in ipairs(impl == "baked" and { 1, 4 } or { 0 }) do
+            local out, lse = run(case, impl, impl == "baked" and { splits = splits } or nil)
+            against_ref(case, {}, out, lse, DENSE_OUT)
+            n = n + 1
+          end
+        end
+      end
+      mla.manual_seed(660)
+      local case = C.sparse { layout = "fp8_v4", b = 2, s_q = 2, h_q = 16, topk = 128, pool = 400, invalid = 0.1 }
+      local first = case.indices:to("cpu"):select(0, 0):select(0, 0):totable()
+      local slot = -1
+      for _, v in ipairs(first) do if v >= 0 then slot = v break end end
+      nan_key(case, slot)
+      local out, lse = run(case, impl)
+      against_ref(case, {}, out, lse, SPARSE_OUT)
+      assert.is_true(lse:to("cpu"):get({ 0, 0, 0 }) ~= lse:to("cpu"):get({ 0, 0, 0 }))
+      assert.equal(impl == "baked" and 16 or 8, n)
     end)
   end)
 end

@@ -1,7 +1,8 @@
 // Merge of split-KV partials: for each query row, lse = log2 sum_s 2^lse_s
 // and out = sum_s 2^(lse_s - lse) o_s, then the attention sink's factor
 // 1 / (1 + e^(sink - lse)); the stored lse is natural log, +inf (and a zero
-// output) when no split saw a key. One warp per row, 16 dims per lane.
+// output) when no split saw a key, NaN (and a NaN output) when a split's is
+// NaN: a NaN score. One warp per row, 16 dims per lane.
 #include <math_constants.h>
 
 #include <cuda_bf16.h>
@@ -18,9 +19,14 @@ __global__ void __launch_bounds__(128) attn_combine_kernel(const __grid_constant
   const int rho = (int)(gw - prob * c.rows);
   const float *lse_s = c.lse_acc + prob * c.nsplits * c.rows + rho; // split s at lse_s[s * rows]
   float m = -CUDART_INF_F;
-  for (int s = lane; s < c.nsplits; s += 32) m = fmaxf(m, lse_s[(int64_t)s * c.rows]);
+  bool nan = false; // a split's NaN LSE (a NaN score): the row is NaN, not the other splits' answer
+  for (int s = lane; s < c.nsplits; s += 32) {
+    const float v = lse_s[(int64_t)s * c.rows];
+    m = fmaxf(m, v), nan |= v != v;
+  }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (__any_sync(0xffffffffu, nan)) m = CUDART_NAN_F;
   int i, h;
   if (c.sparse) i = (int)(prob % c.s_q), h = rho;
   else i = rho / c.h_q, h = rho % c.h_q;

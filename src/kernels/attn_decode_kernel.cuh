@@ -268,16 +268,18 @@ template <int NT> __device__ __forceinline__ void write_empty_split(const params
 }
 
 // Each row's LSE from its running max (base 2) and sum: the split's base-2
-// partial, or the final natural-log LSE (+inf for a row with no key).
+// partial, or the final natural-log LSE (+inf for a row with no key). A sum
+// is empty only when it is 0: a NaN sum (a NaN score) gives a NaN LSE and
+// output, as the reference does, instead of passing for an empty row.
 template <int NT>
 __device__ __forceinline__ void write_lse(const params &p, const cta_work &w, const float *m, const float *l_of, int tid) {
   for (int row = tid; row < w.nrows; row += NT) {
     const float l = l_of[row];
-    const float lse2 = l > 0.f ? m[row] + log2f(l) : -CUDART_INF_F;
+    const float lse2 = l != 0.f ? m[row] + log2f(l) : -CUDART_INF_F;
     int i, h;
     row_coords(p, w.qi, w.row0 + row, i, h);
     if (p.nsplits > 1) p.lse_acc[w.part + w.row0 + row] = lse2;
-    else p.lse[((int64_t)w.r * p.h_q + h) * p.s_q + i] = l > 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
+    else p.lse[((int64_t)w.r * p.h_q + h) * p.s_q + i] = l != 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
   }
 }
 
@@ -629,10 +631,10 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
       const int row = mt * 16 + g + hh * 8;
       if (row >= nrows) continue;
       const float l = l_run[row];
-      float f = l > 0.f ? 1.0f / l : 0.f;
+      float f = l != 0.f ? 1.0f / l : 0.f; // NaN stays NaN (write_lse)
       int i, h;
       row_coords(p, qi, row0 + row, i, h);
-      if (p.nsplits == 1 && p.sink && l > 0.f) {
+      if (p.nsplits == 1 && p.sink && l != 0.f) {
         const float lse_nat = (m_fin[row] + log2f(l)) * 0.69314718055994531f;
         f *= 1.0f / (1.0f + expf(__ldg(p.sink + h) - lse_nat));
       }

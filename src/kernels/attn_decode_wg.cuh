@@ -367,16 +367,17 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
     for (int hh = 0; hh < 2; hh++) {
       const int row = hh ? rB : rA;
       const float l = quad_sum(l_run[hh]), lr = RSUM ? quad_sum(lr_run[hh]) : l;
-      const float lse2 = l > 0.f ? m_run[hh] + log2f(l) : -CUDART_INF_F;
-      float f = l > 0.f && lr > 0.f ? 1.0f / lr : 0.f;
+      // empty only at 0: a NaN sum stays NaN (write_lse)
+      const float lse2 = l != 0.f ? m_run[hh] + log2f(l) : -CUDART_INF_F;
+      float f = l != 0.f && lr != 0.f ? 1.0f / lr : 0.f;
       int i = 0, h = 0;
       if (row < w.nrows) row_coords(p, qi, w.row0 + row, i, h);
-      if (p.nsplits == 1 && p.sink && l > 0.f && row < w.nrows)
+      if (p.nsplits == 1 && p.sink && l != 0.f && row < w.nrows)
         f *= 1.0f / (1.0f + expf(__ldg(p.sink + h) - lse2 * 0.69314718055994531f));
       if (t4 == 0) fin_s[row] = f;
       if (t4 == 0 && row < w.nrows) {
         if (p.nsplits > 1) p.lse_acc[w.part + w.row0 + row] = lse2;
-        else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = l > 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
+        else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = l != 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
       }
     }
     __syncthreads(); // fin_s
