@@ -408,8 +408,9 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
 #pragma unroll
     for (int e1 = 0; e1 < 2; e1++)
       if (warp == 0 && g == 0) rw[qcol(j, e1)] = st.m[j][e1], rw[MR + qcol(j, e1)] = __int_as_float(e_run);
-  __syncthreads();
-  // One thread per query merges the two warpgroups: factors, LSE, normalization.
+  __syncthreads(); // every P V is done: the V tiles become the output staging
+  // One thread per query merges the two warpgroups (factors, LSE,
+  // normalization) while every thread stages its warpgroup's O^T below.
   if (tid < MR) {
     const int row = tid;
     float m[2], l[2], lr[2];
@@ -444,24 +445,29 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
       else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = lt != 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
     }
   }
-  __syncthreads(); // merge factors; every P V is done, the V tiles become the output staging
 
-  // Each warpgroup's O^T, merged units, to rows of f32; then whole rows out.
+  // Each warpgroup's O^T to rows of f32 as the accumulators hold them: in
+  // block mt, column 64 mt + m for accumulator row m, so a warp's 32 stores
+  // hit 32 banks (in value-dim order they met 4-way conflicts: 1.3 us of the
+  // epilogue, twenty-first session's trace).
   float *ob = reinterpret_cast<float *>(smem + L.v) + wgi * MR * OP;
-  const float *fx = rows_s + wgi * 3 * MR + 2 * MR;
 #pragma unroll
   for (int mt = 0; mt < DV / 64; mt++)
 #pragma unroll
-    for (int e = 0; e < 8; e++) {
-      const int dim = 64 * mt + v_dim(16 * warp + g + 8 * ((e >> 1) & 1)), row = qcol(e >> 2, e & 1);
-      ob[row * OP + dim] = o[mt][e] * fx[row];
-    }
-  __syncthreads();
+    for (int e = 0; e < 8; e++) ob[qcol(e >> 2, e & 1) * OP + 64 * mt + 16 * warp + g + 8 * ((e >> 1) & 1)] = o[mt][e];
+  __syncthreads(); // the staging and the merge factors
+  // Whole rows out: value dims 4c'.. 4c' + 3 of a block (c' = 4t + s) sit at
+  // m = 16 s + 2 t, + 1, + 8, + 9 (v_dim); warpgroup x's O^T scaled into the
+  // common unit by its factor.
   const float *ob0 = reinterpret_cast<const float *>(smem + L.v), *ob1 = ob0 + MR * OP;
+  const float *fx0 = rows_s + 2 * MR, *fx1 = rows_s + 3 * MR + 2 * MR;
   for (int idx = tid; idx < w.nrows * (DV / 4); idx += NT) {
-    const int row = idx / (DV / 4), c = idx - row * (DV / 4);
-    const float4 a = *reinterpret_cast<const float4 *>(ob0 + row * OP + 4 * c), b = *reinterpret_cast<const float4 *>(ob1 + row * OP + 4 * c);
-    store_out4(p, w, row, c, make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w), fin_s[row]);
+    const int row = idx / (DV / 4), c = idx - row * (DV / 4), cc = c & 15;
+    const int at = row * OP + 64 * (c >> 4) + 16 * (cc & 3) + 2 * (cc >> 2);
+    const float2 a0 = *reinterpret_cast<const float2 *>(ob0 + at), a1 = *reinterpret_cast<const float2 *>(ob0 + at + 8);
+    const float2 b0 = *reinterpret_cast<const float2 *>(ob1 + at), b1 = *reinterpret_cast<const float2 *>(ob1 + at + 8);
+    const float f0 = fx0[row], f1 = fx1[row];
+    store_out4(p, w, row, c, make_float4(a0.x * f0 + b0.x * f1, a0.y * f0 + b0.y * f1, a1.x * f0 + b1.x * f1, a1.y * f0 + b1.y * f1), fin_s[row]);
   }
 #else
   __trap(); // the launcher only picks this kernel where sm_90a code exists
