@@ -529,6 +529,7 @@ for _, impl in ipairs { "baked", "jit" } do
       local first = case.indices:to("cpu"):select(0, 0):select(0, 0):totable()
       local slot = -1
       for _, v in ipairs(first) do if v >= 0 then slot = v break end end
+      assert.is_true(slot >= 0)
       nan_key(case, slot)
       local out, lse = run(case, impl)
       against_ref(case, {}, out, lse, SPARSE_OUT)

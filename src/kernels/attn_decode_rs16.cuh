@@ -13,7 +13,7 @@
 //     O^T += V^T P^T (m64n16k16 from shared memory, eight 64-dim m-tiles),
 //     straight from the A fragments with stmatrix (each fragment quad is four
 //     8x8 matrices), so O^T's rows come out permuted within each 64-dim
-//     block (v_dim) and the epilogue puts them back. bf16 value dims (fp8_v4's
+//     block (v_row) and the epilogue puts them back. bf16 value dims (fp8_v4's
 //     RoPE block) stay bf16 in the V tile and take a bf16 twin of P.
 // The tile ran at its instruction rate, not the memory's (with every page
 // L2-resident it was no faster: bench/attn_l2_resident.lua), so each
@@ -123,7 +123,8 @@ __device__ __forceinline__ int q_perm_off(int row, int d) {
 // m = 16s + 8h + 2t + e of a block holds value dim 16t + 4s + 2h + e.
 // (16-byte stores of f16x2 pairs in natural order cost four register moves
 // a store: 128 instructions a tile, measured with cuobjdump.)
-__device__ __forceinline__ int v_dim(int m) { return 16 * ((m >> 1) & 3) + 4 * (m >> 4) + 2 * ((m >> 3) & 1) + (m & 1); }
+// The inverse: the row m of value dim d within its block.
+__device__ __forceinline__ int v_row(int d) { return 16 * ((d >> 2) & 3) + 8 * ((d >> 1) & 1) + 2 * (d >> 4) + (d & 1); }
 
 // Dense: asks L2 for block `blk` (counted from the CTA's first, b0) of the
 // request, each region's rows of its page in one bulk prefetch (16-byte
@@ -456,14 +457,14 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
 #pragma unroll
     for (int e = 0; e < 8; e++) ob[qcol(e >> 2, e & 1) * OP + 64 * mt + 16 * warp + g + 8 * ((e >> 1) & 1)] = o[mt][e];
   __syncthreads(); // the staging and the merge factors
-  // Whole rows out: value dims 4c'.. 4c' + 3 of a block (c' = 4t + s) sit at
-  // m = 16 s + 2 t, + 1, + 8, + 9 (v_dim); warpgroup x's O^T scaled into the
-  // common unit by its factor.
+  // Whole rows out: value dims 4c'.. 4c' + 3 of a block sit at rows
+  // v_row(4c') + 0, 1, 8, 9; warpgroup x's O^T scaled into the common unit by
+  // its factor.
   const float *ob0 = reinterpret_cast<const float *>(smem + L.v), *ob1 = ob0 + MR * OP;
   const float *fx0 = rows_s + 2 * MR, *fx1 = rows_s + 3 * MR + 2 * MR;
   for (int idx = tid; idx < w.nrows * (DV / 4); idx += NT) {
-    const int row = idx / (DV / 4), c = idx - row * (DV / 4), cc = c & 15;
-    const int at = row * OP + 64 * (c >> 4) + 16 * (cc & 3) + 2 * (cc >> 2);
+    const int row = idx / (DV / 4), c = idx - row * (DV / 4);
+    const int at = row * OP + 64 * (c >> 4) + v_row(4 * (c & 15));
     const float2 a0 = *reinterpret_cast<const float2 *>(ob0 + at), a1 = *reinterpret_cast<const float2 *>(ob0 + at + 8);
     const float2 b0 = *reinterpret_cast<const float2 *>(ob1 + at), b1 = *reinterpret_cast<const float2 *>(ob1 + at + 8);
     const float f0 = fx0[row], f1 = fx1[row];
