@@ -12,7 +12,9 @@
 -- process (src/kernels/kv_write.cu): MLALAB_KV_WRITE_STAGE=0|1,
 -- MLALAB_KV_WRITE_UT=1|2, MLALAB_KV_WRITE_MB=3|4, MLALAB_KV_WRITE_PF=0|1 (the
 -- cp.async prefetch of the next tile's source rows; on by default for bf16-only
--- layouts); run the script once per setting.
+-- layouts), MLALAB_KV_WRITE_GRID=1..9 (k x the resident blocks, 1 the old
+-- persistent wave; 9 or unset: a block for every tile set); run the script once
+-- per setting.
 local mla = require "mlalab"
 local B = mla.bench_mod
 local K = mla.kernels

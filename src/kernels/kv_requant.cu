@@ -307,7 +307,9 @@ bool spec_requant(const mla_kv_cache *src, const mla_kv_cache *dst, int64_t ntok
       if constexpr (requant_ok<LS, LD>()) {
         constexpr int RR = 2;
         auto k = spec_requant_kernel<LS, LD, RR>;
-        k<<<spec_grid(k, kRqThreads, (ntok + RR - 1) / RR, 4), kRqThreads, 0, s>>>(src->view, dst->view);
+        // 64 waves of resident blocks: 4 waves measured 5-7% slower (H100, 256 MiB and 1 GiB,
+        // bench/RESULTS.md, twenty-third session)
+        k<<<spec_grid(k, kRqThreads, (ntok + RR - 1) / RR, 64), kRqThreads, 0, s>>>(src->view, dst->view);
         ran = true;
       }
     });

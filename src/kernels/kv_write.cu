@@ -20,6 +20,8 @@
 // division by qmax done by mla::divide1, x / scale by mla::divide8 (both
 // bit-identical to the IEEE quotient), packed fp8 and arithmetic e2m1 encoders
 // (mla/token_access.cuh).
+#include <climits>
+
 #include "kv_common.cuh"
 #include "kv_write_spec.cuh"
 
@@ -356,6 +358,16 @@ int spec_ut() {
   static int v = -2;
   return env_choice_once(v, "MLALAB_KV_WRITE_UT");
 }
+// Grid of the specialized writes: a block for every TPW x UT x 8 tokens, one
+// tile a warp, and the hardware hands blocks to SMs as others retire. Against
+// one persistent wave of resident blocks looping over the tiles this measured
+// 2-5 points of memcpy faster for every built-in (H100, bench/RESULTS.md,
+// twenty-third session). MLALAB_KV_WRITE_GRID=k (tuning): k x the resident
+// blocks (1: the persistent wave); 9 or unset: a block for every tile set.
+int spec_grid() {
+  static int v = -2;
+  return env_choice_once(v, "MLALAB_KV_WRITE_GRID");
+}
 // Defaults. Rows whose size is not a multiple of the 32-byte sector (656 B
 // for fp8_ds_mla) are staged: direct 16-byte stores of odd tokens straddle
 // sectors, and ncu counted 24% more L2 write sectors than bytes written
@@ -399,7 +411,12 @@ template <class L, int MB, int ST, int UT, int PF = 0> cudaError_t launch_spec(c
     static cudaError_t opted = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (opted != cudaSuccess) return opted;
   }
-  k<<<grid_for(k, smem, (a.n + per_block - 1) / per_block), kvw::kSpecThreads, smem, s>>>(a);
+  const int64_t work = (a.n + per_block - 1) / per_block;
+  int64_t g = grid_for(k, smem, work);
+  const int gm = spec_grid();
+  g = gm <= 0 || gm == 9 || g * gm > work ? work : g * gm;
+  if (g > INT_MAX) g = INT_MAX; // the warps loop over what a grid of 2^31 - 1 blocks leaves
+  k<<<(int)g, kvw::kSpecThreads, smem, s>>>(a);
   return cudaGetLastError();
 }
 
