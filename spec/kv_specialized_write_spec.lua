@@ -114,6 +114,45 @@ local function check_write(L, o)
   return variants[1], variants[2], ref
 end
 
+-- Run by the looping-grid case in a child process (arg[1]: the device): writes 60000+ tokens (several rounds of
+-- an H100's resident warps, and a partial one) of four layouts with their specialized variants, checks the bytes
+-- against the CPU reference and prints the variants that ran.
+local LOOPING_WRITE_CHILD = [[
+local mla = require "mlalab"
+local K = mla.kernels
+local dev = arg[1] or "cuda"
+local ran = {}
+for li, name in ipairs { "fp4_v41", "fp8_ds_mla", "indexer_fp8", "bf16" } do
+  math.randomseed(0x9157 + li)
+  mla.manual_seed(0x9157 + li)
+  local L = mla.layout.get(name)
+  local n = 60000 + math.random(1, 999)
+  local nb = (n + 100) // 64
+  local order, sl = {}, {}
+  for i = 1, nb * 64 do order[i] = i - 1 end
+  for i = #order, 2, -1 do
+    local j = math.random(1, i)
+    order[i], order[j] = order[j], order[i]
+  end
+  for i = 1, n do sl[i] = (i % 9 == 4) and -1 or order[i] end
+  local rows = mla.randn({ n, L.dim }):to("bf16")
+  local function pool(d)
+    local c = mla.cache.new { layout = L, num_blocks = nb, block_size = 64, device = d, tensor_scale = 1.25 }
+    local v = c:view(0)
+    v.pages:fill(0)
+    return v
+  end
+  local ref, got = pool("cpu"), pool(dev)
+  K.write(ref, mla.tensor(sl, "i64"), rows)
+  K.write(got, mla.tensor(sl, "i64", dev), dev == "cpu" and rows or rows:cuda())
+  ran[#ran + 1] = K.last_variant()
+  if mla.core.tensor_bytes(got.pages:cpu()) ~= mla.core.tensor_bytes(ref.pages) then
+    error(name .. ": the bytes differ from the CPU reference's")
+  end
+end
+print(table.concat(ran, " "))
+]]
+
 describe("specialized quantize-and-cache variants #gpu", function()
   local names = mla.layout.builtins()
 
@@ -184,6 +223,24 @@ describe("specialized quantize-and-cache variants #gpu", function()
       assert.equal("generic", off)
     end)
   end
+
+  -- The default grid gives each warp one tile; MLALAB_KV_WRITE_GRID=k launches k x the resident blocks, whose
+  -- warps loop over the tiles (slot ids one tile ahead, bf16's cp.async prefetch of the next tile). The knob is
+  -- read once per process, so each setting runs in a child process of this binary.
+  it("the looping grids (MLALAB_KV_WRITE_GRID=1, 2) write what the CPU reference writes", function()
+    local script = os.tmpname()
+    local f = assert(io.open(script, "w"))
+    f:write(LOOPING_WRITE_CHILD)
+    f:close()
+    local bin = (package.loaded["mlalab.paths"] or {}).exe or os.getenv("MLALAB_BIN") or "./build/mlalab"
+    for _, g in ipairs { "1", "2" } do
+      local r = mla.core.spawn { argv = { bin, script, "cuda" }, env = { "MLALAB_KV_WRITE_GRID=" .. g }, input = "",
+        timeout = 300 }
+      assert(r.exit_code == 0, string.format("MLALAB_KV_WRITE_GRID=%s: exit %d, stderr: %s", g, r.exit_code, r.stderr))
+      assert.equal("fp4_v41 fp8_ds_mla indexer_fp8 bf16\n", r.stdout)
+    end
+    os.remove(script)
+  end)
 
   it("source rows that are not 16-byte aligned, or another block size, run the generic kernel (same bytes)", function()
     math.randomseed(0x7157)
