@@ -85,18 +85,12 @@ inline int lanes_per_token(int nchunks) {
 }
 
 // A persistent grid: as many blocks as fit on the device at once, capped by the work.
-// MLALAB_KV_GRID=k (tuning, read once): k x the resident blocks (9: every work block).
 template <typename K> int grid_for(K kernel, size_t smem, int64_t work_blocks) {
-  static const int mult = [] {
-    const char *e = getenv("MLALAB_KV_GRID");
-    return e && e[0] >= '1' && e[0] <= '9' ? e[0] - '0' : 1;
-  }();
-  if (mult == 9) return work_blocks < 1 ? 1 : work_blocks > 0x7fffffff ? 0x7fffffff : (int)work_blocks;
   int dev = 0, sms = 0, per_sm = 0;
   cudaGetDevice(&dev);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
-  int64_t g = (int64_t)(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1) * mult;
+  int64_t g = (int64_t)(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1);
   if (work_blocks < g) g = work_blocks;
   return g < 1 ? 1 : (int)g;
 }

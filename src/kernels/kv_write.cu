@@ -20,6 +20,7 @@
 // division by qmax done by mla::divide1, x / scale by mla::divide8 (both
 // bit-identical to the IEEE quotient), packed fp8 and arithmetic e2m1 encoders
 // (mla/token_access.cuh).
+#include <algorithm>
 #include <climits>
 
 #include "kv_common.cuh"
@@ -364,9 +365,10 @@ int spec_ut() {
 // 2-5 points of memcpy faster for every built-in (H100, bench/RESULTS.md,
 // twenty-third session). MLALAB_KV_WRITE_GRID=k (tuning): k x the resident
 // blocks (1: the persistent wave); 9 or unset: a block for every tile set.
-int spec_grid() {
+int write_grid_waves() {
   static int v = -2;
-  return env_choice_once(v, "MLALAB_KV_WRITE_GRID");
+  const int k = env_choice_once(v, "MLALAB_KV_WRITE_GRID");
+  return k >= 1 && k <= 8 ? k : 0;
 }
 // Defaults. Rows whose size is not a multiple of the 32-byte sector (656 B
 // for fp8_ds_mla) are staged: direct 16-byte stores of odd tokens straddle
@@ -412,9 +414,8 @@ template <class L, int MB, int ST, int UT, int PF = 0> cudaError_t launch_spec(c
     if (opted != cudaSuccess) return opted;
   }
   const int64_t work = (a.n + per_block - 1) / per_block;
-  int64_t g = grid_for(k, smem, work);
-  const int gm = spec_grid();
-  g = gm <= 0 || gm == 9 || g * gm > work ? work : g * gm;
+  const int waves = write_grid_waves(); // 0: a block for every tile set (no occupancy query)
+  int64_t g = waves ? std::min(work, (int64_t)grid_for(k, smem, work) * waves) : work;
   if (g > INT_MAX) g = INT_MAX; // the warps loop over what a grid of 2^31 - 1 blocks leaves
   k<<<(int)g, kvw::kSpecThreads, smem, s>>>(a);
   return cudaGetLastError();

@@ -22,7 +22,7 @@
 // Source rows are read straight from global memory with 16-byte loads, every
 // load of a tile issued before any use; the slot ids one tile ahead. The warps
 // loop over tiles, but the launcher's default grid gives each warp one tile
-// (kv_write.cu, spec_grid). MB: the blocks per SM the registers are budgeted
+// (kv_write.cu, write_grid_waves). MB: the blocks per SM the registers are budgeted
 // for (__launch_bounds__).
 #ifndef MLA_KV_WRITE_SPEC_CUH
 #define MLA_KV_WRITE_SPEC_CUH
