@@ -95,7 +95,11 @@ end
 -- Cases: each returns fn, bytes, note (, extra mla.bench options) ---------------------------
 
 local cases = {}
-local function case(name, build) cases[#cases + 1] = { name = name, build = build } end
+-- tradeoff_of: a case whose kernels are that case's plus a cost by design; its
+-- verdict is the time it adds to it (run just before, at the same size)
+local function case(name, build, tradeoff_of)
+  cases[#cases + 1] = { name = name, build = build, tradeoff_of = tradeoff_of }
+end
 
 -- The copy itself, timed like the kernels (cold: the same L2 flush, one call
 -- per sample behind the blocking kernel) at each size: a same-conditions
@@ -249,8 +253,8 @@ case("compact fp8_ds_mla exact", function(bytes)
     local rows, remap, list = K.compact(v, idx)
     rows:close(); remap:close(); list:close()
   end, npages * BS * REF_PER + T * W * 8, compact_note(T, W, npages, c),
-      { sync = true, timer = "events", tradeoff_of = "compact fp8_ds_mla capacity" }
-end)
+      { sync = true, timer = "events" }
+end, "compact fp8_ds_mla capacity")
 
 for _, mode in ipairs { "paged", "ragged" } do
   case("topk_" .. mode .. " prefill", function(bytes)
@@ -293,7 +297,7 @@ if not cpu then
 end
 local results, verdicts, failed = {}, {}, 0
 local same_size = {} -- GB/s of the memcpy case at each size
-local medians = {} -- seconds a call, by case name and size
+local medians = {} -- seconds a call, by case name .. "@" .. size
 for _, cs in ipairs(cases) do
   if not args.only or cs.name == "memcpy D2D" or cs.name:find(args.only, 1, true) then
     local fixed = cs.name:find("262144", 1, true)
@@ -303,8 +307,7 @@ for _, cs in ipairs(cases) do
         local name = cs.name .. (fixed and "" or string.format(" %d MiB", size // MiB))
         local bopts = { name = name, bytes = bytes, device = dev, max_time = args.max_time, timer = args.timer }
         if args.counters then bopts.metrics = B.DRAM_METRICS end
-        local base = extra and extra.tradeoff_of
-        for k, x in pairs(extra or {}) do if k ~= "tradeoff_of" then bopts[k] = x end end
+        for k, x in pairs(extra or {}) do bopts[k] = x end
         if bopts.timer ~= "pm" then bopts.metrics = nil end
         local r = mla.bench(fn, bopts)
         K.check(dev)
@@ -313,7 +316,8 @@ for _, cs in ipairs(cases) do
         local target = (fixed and not cpu) and 2600 or nil
         local ok = cpu or ((ratio or 0) >= 0.9 and (not target or r.gbs >= target))
         local verdict = cpu and "n/a (cpu smoke run)" or ok and "PASS" or "FAIL"
-        local ref = base and medians[base .. string.format(" %d MiB", size // MiB)]
+        local base = cs.tradeoff_of
+        local ref = base and medians[base .. "@" .. size]
         if base and not cpu then
           -- a design trade-off, not a kernel: shown as the time it adds to the kernels it shares
           ok, verdict = nil, "TRADE-OFF"
@@ -323,7 +327,7 @@ for _, cs in ipairs(cases) do
         elseif not ok then
           failed = failed + 1
         end
-        medians[name] = r.median
+        medians[cs.name .. "@" .. size] = r.median
         if cs.name == "memcpy D2D" then same_size[size] = r.gbs end
         local same = not fixed and same_size[size] and r.gbs / same_size[size] or nil
         verdicts[#verdicts + 1] = string.format("%-58s %9.1f MiB %9.1f GB/s %7s of memcpy %s  (%s of the same-size copy)  %s",

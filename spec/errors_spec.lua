@@ -207,7 +207,7 @@ describe("device memory and kernel errors #gpu", function()
 
   it("a kernel that faults is reported with its name when the process synchronizes", function()
     -- in a child process: a trap poisons the CUDA context for good
-    local bin = (package.loaded["mlalab.paths"] or {}).exe or os.getenv("MLALAB_BIN") or "./build/mlalab"
+    local bin = S.BIN
     local code = "local mla = require 'mlalab'; local b = mla.zeros({16}, 'u8', 'cuda'); " ..
       "mla.core.debug_kernel('trap', b); mla.synchronize('cuda')"
     local r = core.spawn { argv = { bin, "-e", code }, timeout = 120 }

@@ -1,9 +1,10 @@
 -- The four experiments as users run them, on the CPU: each passes its own
 -- checks, prints its tables and exits 0; a failed check exits 1.
 local mla = require "mlalab"
+local S = require "support"
 
 local core = mla.core
-local BIN = (package.loaded["mlalab.paths"] or {}).exe or os.getenv("MLALAB_BIN") or "./build/mlalab"
+local BIN = S.BIN
 
 local function run(args)
   local argv = { BIN, "--device", "cpu" }

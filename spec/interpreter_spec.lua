@@ -5,7 +5,7 @@ local mla = require "mlalab"
 local S = require "support"
 
 local core = mla.core
-local BIN = (package.loaded["mlalab.paths"] or {}).exe or os.getenv("MLALAB_BIN") or "./build/mlalab"
+local BIN = S.BIN
 
 local tmpdir
 local function tmp(name, text)

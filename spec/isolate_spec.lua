@@ -107,7 +107,7 @@ end)
 
 describe("a sweep without isolation #gpu", function()
   it("stops at a fault with an error naming the kernel, keeps the points before it, and exits non-zero", function()
-    local bin = (package.loaded["mlalab.paths"] or {}).exe or os.getenv("MLALAB_BIN") or "./build/mlalab"
+    local bin = S.BIN
     local jsonl = os.tmpname()
     local code = string.format([[
       local mla = require 'mlalab'

@@ -142,7 +142,7 @@ for li, name in ipairs { "fp4_v41", "fp8_ds_mla", "indexer_fp8", "bf16" } do
   end
   local ref, got = pool("cpu"), pool(dev)
   K.write(ref, mla.tensor(sl, "i64"), rows)
-  K.write(got, mla.tensor(sl, "i64", dev), dev == "cpu" and rows or rows:cuda())
+  K.write(got, mla.tensor(sl, "i64", dev), rows:to(dev))
   ran[#ran + 1] = K.last_variant()
   S.assert_bytes(got.pages:cpu(), ref.pages, name)
 end
@@ -228,9 +228,8 @@ describe("specialized quantize-and-cache variants #gpu", function()
     local f = assert(io.open(script, "w"))
     f:write(LOOPING_WRITE_CHILD)
     f:close()
-    local bin = (package.loaded["mlalab.paths"] or {}).exe or os.getenv("MLALAB_BIN") or "./build/mlalab"
     for _, g in ipairs { "1", "2" } do
-      local r = mla.core.spawn { argv = { bin, script, "cuda" }, env = { "MLALAB_KV_WRITE_GRID=" .. g }, input = "",
+      local r = mla.core.spawn { argv = { S.BIN, script, "cuda" }, env = { "MLALAB_KV_WRITE_GRID=" .. g }, input = "",
         timeout = 300 }
       assert(r.exit_code == 0, string.format("MLALAB_KV_WRITE_GRID=%s: exit %d, stderr: %s", g, r.exit_code, r.stderr))
       assert.equal("fp4_v41 fp8_ds_mla indexer_fp8 bf16\n", r.stdout)

@@ -6,7 +6,7 @@ local core = mla.core
 
 local R = {}
 
-R.BIN = (package.loaded["mlalab.paths"] or {}).exe or os.getenv("MLALAB_BIN") or "./build/mlalab"
+R.BIN = require("support").BIN
 R.ARCH = "sm_90a" -- NVRTC builds it without a GPU
 
 local function quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end

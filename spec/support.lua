@@ -5,6 +5,9 @@ local S = {}
 
 S.has_gpu = mla.has_cuda() and os.getenv("MLALAB_DEVICE") ~= "cpu"
 
+-- The mlalab binary running the specs, for child processes.
+S.BIN = (package.loaded["mlalab.paths"] or {}).exe or os.getenv("MLALAB_BIN") or "./build/mlalab"
+
 --- Devices to run a behaviour on: always cpu, plus cuda when usable.
 function S.devices()
   local d = { "cpu" }
