@@ -2,6 +2,8 @@
  * heuristic (see attn.h). */
 #include "attn.h"
 
+#include <math.h>
+
 #include "mla_error.h"
 
 static int check_dense(const mla_layout_desc *d, int64_t num_pages, const mla_attn_args *a) {
@@ -48,18 +50,31 @@ int mla_attn_check_values(const mla_layout_desc *d, int64_t num_pages, const mla
   return a->sparse ? check_sparse(d, num_pages, a) : check_dense(d, num_pages, a);
 }
 
-int mla_attn_num_splits(int sm_count, int ctas_per_sm, int64_t ctas, int64_t max_tiles) {
+/* Fixed cost of a CTA and the combine's, in the family's tiles of keys
+ * (fits of forced-split launches of exactly one wave on H100: rs16 9.5-9.8 /
+ * 7.5-9.2, 64-row 14.8-17.9 / 4.8-12.2, two a SM 2.3-3.1 / 1.7-3.2), and the
+ * time of a partial last wave as a fraction of a full one (0.81-0.89). */
+static const struct {
+  double fixed, combine;
+} split_costs[] = {[MLA_SPLIT_RS16] = {10, 8}, [MLA_SPLIT_WG64] = {17, 8}, [MLA_SPLIT_TWO_PER_SM] = {3, 2.5}};
+#define SPLIT_TAIL 0.85
+
+int mla_attn_num_splits(mla_split_family fam, int sm_count, int ctas_per_sm, int64_t ctas, int64_t max_tiles, int align) {
   const int64_t slots = (int64_t)(sm_count > 0 ? sm_count : 1) * (ctas_per_sm > 0 ? ctas_per_sm : 1);
-  const int64_t fixed = 2; /* Q load, epilogue and the combine's share, in tiles */
+  const double fixed = split_costs[fam].fixed, combine = split_costs[fam].combine;
+  if (align < 1) align = 1;
   if (ctas < 1) ctas = 1;
   if (max_tiles < 1) return 1;
   int best = 1;
-  int64_t best_cost = -1;
+  double best_cost = -1;
   for (int64_t ns = 1; ns <= 64 && ns <= max_tiles; ns++) {
-    int64_t n = ctas * ns, waves = (n + slots - 1) / slots;
     int64_t per = (max_tiles + ns - 1) / ns;
-    int64_t cost = waves * (per + fixed + (ns > 1 ? 1 : 0));
-    if (best_cost < 0 || cost < best_cost) best_cost = cost, best = (int)ns;
+    per = (per + align - 1) / align * align;
+    if (ns > 1 && (ns - 1) * per >= max_tiles) continue; /* a split left empty: the same as fewer */
+    const int64_t n = ctas * ns, full = n / slots, rem = n - full * slots;
+    const double waves = (double)full + (rem ? fmax((double)rem / (double)slots, SPLIT_TAIL) : 0.0);
+    const double cost = waves * ((double)per + fixed) + (ns > 1 ? combine : 0.0);
+    if (best_cost < 0 || cost < best_cost - 1e-9) best_cost = cost, best = (int)ns;
   }
   return best;
 }

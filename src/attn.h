@@ -53,10 +53,27 @@ static inline int64_t mla_attn_rows(const mla_attn_args *a) { return a->sparse ?
 /* Independent problems: requests (dense) or (request, query) pairs (sparse). */
 static inline int64_t mla_attn_problems(const mla_attn_args *a) { return a->sparse ? a->b * a->s_q : a->b; }
 
-/* Number of KV splits: the count minimizing waves x (tiles per split + a
- * fixed cost), for `ctas` CTAs per split on sm_count x ctas_per_sm slots,
- * with at most max_tiles tiles of keys per problem. */
-int mla_attn_num_splits(int sm_count, int ctas_per_sm, int64_t ctas, int64_t max_tiles);
+/* The kernel families the split count is modeled for: the 16-row wgmma
+ * kernel (one CTA a SM), the 64-row wgmma kernels (dense and sparse), and
+ * the two-CTA-a-SM ones (generic, V-slice). */
+typedef enum { MLA_SPLIT_RS16, MLA_SPLIT_WG64, MLA_SPLIT_TWO_PER_SM } mla_split_family;
+
+/* Tiles a split's key range is a multiple of: a page's worth (dense, pages
+ * a whole number of tiles), so that no tile of a split straddles two pages
+ * where the unsplit launch has none; the kernels round the same way
+ * (cta_keys_of). */
+static inline int mla_attn_split_align(int sparse, int block_size, int tile_keys) {
+  return !sparse && tile_keys > 0 && block_size > tile_keys && block_size % tile_keys == 0 ? block_size / tile_keys : 1;
+}
+
+/* Number of KV splits: the count with the least modeled time for `ctas`
+ * CTAs per split on sm_count x ctas_per_sm slots, at most max_tiles tiles of
+ * keys per problem. Waves of CTAs (a partial last wave runs somewhat faster,
+ * a CTA then having more of the memory system), each CTA its tiles plus its
+ * family's fixed cost (prologue, epilogue, partial write), plus the
+ * combine's cost when split: costs in tiles, measured on H100
+ * (bench/RESULTS.md, twenty-sixth session). */
+int mla_attn_num_splits(mla_split_family fam, int sm_count, int ctas_per_sm, int64_t ctas, int64_t max_tiles, int align);
 
 #ifdef __cplusplus
 }

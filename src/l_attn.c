@@ -6,6 +6,7 @@
  * check (validate index values on the host), splits (baked, 0 = auto),
  * specialize (baked, default true; false forces the generic kernel, "slice" the V-slice kernel for 16-row tiles).
  *   core.attn_last_variant() -> "generic" | "wgmma" | "wgmma16rs" | built-in layout name (V-slice kernel) | "none"
+ *   core.attn_num_splits(family, sm_count, ctas_per_sm, ctas, max_tiles, align?) -> the automatic split count
  * lua/mlalab/attention.lua allocates outputs and gives friendlier errors;
  * every rule is enforced here too, so no call can crash. */
 #include <math.h>
@@ -252,9 +253,26 @@ static int l_attn_last_variant(lua_State *L) {
   return 1;
 }
 
+/* core.attn_num_splits(family, sm_count, ctas_per_sm, ctas, max_tiles, align) -> the split count the
+ * baked launcher picks (family "rs16", "wg64" or "two_per_sm"): the model alone, on any device */
+static int l_attn_num_splits(lua_State *L) {
+  static const char *const fams[] = {"rs16", "wg64", "two_per_sm", NULL};
+  static const mla_split_family ids[] = {MLA_SPLIT_RS16, MLA_SPLIT_WG64, MLA_SPLIT_TWO_PER_SM};
+  const int f = luaL_checkoption(L, 1, NULL, fams);
+  const lua_Integer sm = luaL_checkinteger(L, 2), per_sm = luaL_checkinteger(L, 3), ctas = luaL_checkinteger(L, 4);
+  const lua_Integer tiles = luaL_checkinteger(L, 5), align = luaL_optinteger(L, 6, 1);
+  luaL_argcheck(L, sm >= 1 && sm <= 1 << 20, 2, "SM count out of range");
+  luaL_argcheck(L, per_sm >= 1 && per_sm <= 64, 3, "CTAs a SM out of range");
+  luaL_argcheck(L, ctas >= 1, 4, "CTA count must be positive");
+  luaL_argcheck(L, tiles >= 0, 5, "tile count must not be negative");
+  luaL_argcheck(L, align >= 1 && align <= 1 << 20, 6, "alignment out of range");
+  lua_pushinteger(L, mla_attn_num_splits(ids[f], (int)sm, (int)per_sm, (int64_t)ctas, (int64_t)tiles, (int)align));
+  return 1;
+}
+
 MLA_LUA_MODULE(attn) {
   static const luaL_Reg fns[] = {{"attn_decode", l_attn_decode}, {"attn_decode_ref", l_attn_decode_ref},
                                  {"attn_check", l_attn_check}, {"attn_last_variant", l_attn_last_variant},
-                                 {NULL, NULL}};
+                                 {"attn_num_splits", l_attn_num_splits}, {NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
 }

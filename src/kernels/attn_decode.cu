@@ -261,7 +261,10 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   const int64_t ctas = row_chunks * problems;
   if (ctas > 0x7fffffff) return mla_err("attn_decode: %lld CTAs per split exceed the grid", (long long)ctas);
   const int64_t max_tiles = (max_keys + tile - 1) / tile;
-  int ns = splits > 0 ? splits : mla_attn_num_splits(props.sm_count, ctas_per_sm, ctas, max_tiles);
+  const mla_split_family fam = rs16k ? MLA_SPLIT_RS16 : mr == 64 ? MLA_SPLIT_WG64 : ctas_per_sm == 2 ? MLA_SPLIT_TWO_PER_SM : MLA_SPLIT_RS16;
+  int ns = splits > 0 ? splits
+                      : mla_attn_num_splits(fam, props.sm_count, ctas_per_sm, ctas, max_tiles,
+                                            mla_attn_split_align(p.sparse, d->block_size, tile));
   if (ns > 65535) ns = 65535;
   p.nsplits = ns;
 
