@@ -101,4 +101,16 @@ describe("bench and experiment scripts", function()
     assert.equal(1, r.exit_code)
     assert.truthy(r.stderr:find("--pages takes a positive whole number", 1, true), r.stderr)
   end)
+
+  it("attn_splits refuses the CPU and bad options with a message", function()
+    local r = run { "bench/attn_splits.lua" }
+    assert.equal(1, r.exit_code)
+    assert.truthy(r.stderr:find("times the baked GPU kernels' split counts; no GPU here", 1, true), r.stderr)
+    r = run { "bench/attn_splits.lua", "--max-time", "-1" }
+    assert.equal(1, r.exit_code)
+    assert.truthy(r.stderr:find("--max-time takes a positive number", 1, true), r.stderr)
+    r = run { "bench/attn_splits.lua", "--fast" }
+    assert.equal(1, r.exit_code)
+    assert.truthy(r.stderr:find("unknown argument --fast", 1, true), r.stderr)
+  end)
 end)
