@@ -93,24 +93,21 @@ describe("bench and experiment scripts", function()
     end
   end)
 
+  -- a run that stops with exit code 1 and the message on stderr
+  local function refused(args, message)
+    local r = run(args)
+    assert.equal(1, r.exit_code)
+    assert.truthy(r.stderr:find(message, 1, true), r.stderr)
+  end
+
   it("attn_l2_resident refuses the CPU and bad options with a message", function()
-    local r = run { "bench/attn_l2_resident.lua" }
-    assert.equal(1, r.exit_code)
-    assert.truthy(r.stderr:find("times the baked GPU kernels; no GPU here", 1, true), r.stderr)
-    r = run { "bench/attn_l2_resident.lua", "--pages", "0" }
-    assert.equal(1, r.exit_code)
-    assert.truthy(r.stderr:find("--pages takes a positive whole number", 1, true), r.stderr)
+    refused({ "bench/attn_l2_resident.lua" }, "times the baked GPU kernels; no GPU here")
+    refused({ "bench/attn_l2_resident.lua", "--pages", "0" }, "--pages takes a positive whole number")
   end)
 
   it("attn_splits refuses the CPU and bad options with a message", function()
-    local r = run { "bench/attn_splits.lua" }
-    assert.equal(1, r.exit_code)
-    assert.truthy(r.stderr:find("times the baked GPU kernels' split counts; no GPU here", 1, true), r.stderr)
-    r = run { "bench/attn_splits.lua", "--max-time", "-1" }
-    assert.equal(1, r.exit_code)
-    assert.truthy(r.stderr:find("--max-time takes a positive number", 1, true), r.stderr)
-    r = run { "bench/attn_splits.lua", "--fast" }
-    assert.equal(1, r.exit_code)
-    assert.truthy(r.stderr:find("unknown argument --fast", 1, true), r.stderr)
+    refused({ "bench/attn_splits.lua" }, "times the baked GPU kernels' split counts; no GPU here")
+    refused({ "bench/attn_splits.lua", "--max-time", "-1" }, "--max-time takes a positive number")
+    refused({ "bench/attn_splits.lua", "--fast" }, "unknown argument --fast")
   end)
 end)
