@@ -263,8 +263,8 @@ static int l_attn_num_splits(lua_State *L) {
   const lua_Integer tiles = luaL_checkinteger(L, 5), align = luaL_optinteger(L, 6, 1);
   luaL_argcheck(L, sm >= 1 && sm <= 1 << 20, 2, "SM count out of range");
   luaL_argcheck(L, per_sm >= 1 && per_sm <= 64, 3, "CTAs a SM out of range");
-  luaL_argcheck(L, ctas >= 1, 4, "CTA count must be positive");
-  luaL_argcheck(L, tiles >= 0, 5, "tile count must not be negative");
+  luaL_argcheck(L, ctas >= 1 && ctas <= 0x7fffffff, 4, "CTA count must be in 1 .. 2^31 - 1");
+  luaL_argcheck(L, tiles >= 0 && tiles <= 0x7fffffff, 5, "tile count must be in 0 .. 2^31 - 1");
   luaL_argcheck(L, align >= 1 && align <= 1 << 20, 6, "alignment out of range");
   lua_pushinteger(L, mla_attn_num_splits(ids[f], (int)sm, (int)per_sm, (int64_t)ctas, (int64_t)tiles, (int)align));
   return 1;

@@ -261,7 +261,8 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   const int64_t ctas = row_chunks * problems;
   if (ctas > 0x7fffffff) return mla_err("attn_decode: %lld CTAs per split exceed the grid", (long long)ctas);
   const int64_t max_tiles = (max_keys + tile - 1) / tile;
-  const mla_split_family fam = rs16k ? MLA_SPLIT_RS16 : mr == 64 ? MLA_SPLIT_WG64 : ctas_per_sm == 2 ? MLA_SPLIT_TWO_PER_SM : MLA_SPLIT_RS16;
+  // the split model's costs: 64-row CTAs, two small CTAs a SM, else one small CTA a SM (as rs16)
+  const mla_split_family fam = mr == 64 ? MLA_SPLIT_WG64 : ctas_per_sm == 2 ? MLA_SPLIT_TWO_PER_SM : MLA_SPLIT_RS16;
   int ns = splits > 0 ? splits
                       : mla_attn_num_splits(fam, props.sm_count, ctas_per_sm, ctas, max_tiles,
                                             mla_attn_split_align(p.sparse, d->block_size, tile));
