@@ -40,7 +40,7 @@ local FORCED = quick and { 1, 2, 4 } or { 1, 2, 3, 4, 6, 8 }
 
 print(string.format("%-44s %-14s %-14s %-8s %s", "case", "auto (splits)", "best forced", "auto/best", "forced: splits:us"))
 for _, row in ipairs(ROWS) do
-  for _, b in ipairs(quick and { row.bs[1], row.bs[#row.bs] } or row.bs) do
+  for _, b in ipairs(quick and #row.bs > 1 and { row.bs[1], row.bs[#row.bs] } or row.bs) do
     local p = { kind = row.kind, layout = row.layout, b = b, s_q = row.s_q or 1, h_q = row.h_q, len = row.len,
       topk = row.topk, pool = row.pool }
     local auto = AB.run(p, { max_time = max_time })
