@@ -61,7 +61,7 @@ typedef enum { MLA_SPLIT_RS16, MLA_SPLIT_WG64, MLA_SPLIT_TWO_PER_SM } mla_split_
 /* Tiles a split's key range is a multiple of: a page's worth (dense, pages
  * a whole number of tiles), so that no tile of a split straddles two pages
  * where the unsplit launch has none; the kernels round the same way
- * (cta_keys_of). */
+ * (cta_work_of). */
 static inline int mla_attn_split_align(int sparse, int block_size, int tile_keys) {
   return !sparse && tile_keys > 0 && block_size > tile_keys && block_size % tile_keys == 0 ? block_size / tile_keys : 1;
 }
