@@ -541,11 +541,9 @@ end
 
 -- A dense case over layer 60 of a 61-layer block-major cache of `num_blocks` pages whose every other byte is
 -- 0xFF: request 0 reads pages[1..3] (150 keys), request 1 pages[3] (64 keys); pages[2] starts past 2^32 bytes.
--- kv_std / q_std: the data's sizes (default 1).
--- Drawn at FlashMLA's scale by default (KV randn / 10, q std 3, as C.dense
--- draws), which the dense tolerance is calibrated for: with KV std 1 the bf16
--- kernels' P in bf16 puts 4-ulp outliers past its 8e-4 bound on most seeds
--- (bench/RESULTS.md, twenty-sixth session).
+-- kv_std / q_std: the data's sizes, by default FlashMLA's (KV randn / 10, q std 3, as C.dense draws),
+-- which the dense tolerance is calibrated for: with KV std 1 the bf16 kernels' P in bf16 puts 4-ulp
+-- outliers past its 8e-4 bound on most seeds (bench/RESULTS.md, twenty-sixth session).
 local function far_pages_case(name, num_blocks, pages, kv_std, q_std)
   kv_std, q_std = kv_std or 0.1, q_std or 3
   local L = mla.layout.get(name)
