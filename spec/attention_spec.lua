@@ -639,6 +639,23 @@ describe("attention baked kernels", function()
     against_ref(case, {}, out, lse, DENSE_OUT)
   end)
 
+  it("write a preallocated out, and name one that does not start 16-byte aligned #gpu", function()
+    mla.manual_seed(725)
+    for _, h_q in ipairs { 16, 128 } do -- the 16-row kernel, the 64-row one (its rows staged, written 16 bytes at a time)
+      local case = C.dense { layout = "fp8_ds_mla", b = 2, s_q = 1, h_q = h_q, lens = { 300, 70 } }
+      local n = 2 * h_q * 512
+      local buf = mla.full({ n + 8 }, 0 / 0, "bf16", "cuda")
+      local out = buf:as_strided({ 2, 1, h_q, 512 }, { h_q * 512, h_q * 512, 512, 1 }, 8)
+      local got, lse = run(case, "baked", { out = out })
+      against_ref(case, {}, got, lse, DENSE_OUT)
+      local host = buf:to("cpu")
+      assert.is_true(host:get({ 7 }) ~= host:get({ 7 }), "the elements before out stay untouched")
+      local odd = buf:as_strided({ 2, 1, h_q, 512 }, { h_q * 512, h_q * 512, 512, 1 }, 1)
+      S.assert_error_contains(function() run(case, "baked", { out = odd }) end,
+        "out must start at a 16-byte aligned address (its storage offset is 1 elements)")
+    end
+  end)
+
   it("treat out-of-range pages as missing keys when checks are off (no fault) #gpu", function()
     mla.manual_seed(730)
     local case = C.dense { layout = "bf16", b = 1, s_q = 1, h_q = 16, lens = { 64 } }

@@ -10,6 +10,7 @@
  * lua/mlalab/attention.lua allocates outputs and gives friendlier errors;
  * every rule is enforced here too, so no call can crash. */
 #include <math.h>
+#include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -232,6 +233,10 @@ static int l_attn_decode(lua_State *L) {
   read_inputs(&c, &in, MLA_BF16);
   if (c.dev == MLA_CPU) return lerrf(L, "%s: the baked kernels run on a CUDA device; use impl='ref' for CPU tensors", c.fn);
   if (mla_attn_baked_supports(in.d, &in.a) != 1) return mla_lua_errorf(L, c.fn);
+  /* the kernels write whole 16-byte pieces of the output rows */
+  if ((uintptr_t)data_of(&c, in.out) % 16)
+    return lerrf(L, "%s: out must start at a 16-byte aligned address (its storage offset is %lld elements); "
+                 "pass a fresh tensor or one whose offset is a multiple of 8", c.fn, (long long)in.out->offset);
   int64_t max_keys = in.a.sparse ? in.a.topk : in.a.max_blocks * in.d->block_size;
   if (in.check) max_keys = check_values(&c, &in);
   mla_attn_plan plan;

@@ -18,7 +18,7 @@
 --   }
 -- out: [b, s_q, h_q, d_v]; lse: f32 [b, h_q, s_q], natural log; a query
 -- with no key gets lse = +inf and a zero output. Options: out=, lse=
--- (preallocated outputs), check = true (index values checked on the host,
+-- (preallocated, contiguous; baked: out 16-byte aligned), check = true (index values checked on the host,
 -- which costs a device-to-host copy: pass false when timing), splits = 0
 -- (baked: automatic from the SM count and the batch), specialize = true
 -- (baked: a cache whose descriptor equals a built-in fp8 layout's, read with

@@ -570,19 +570,46 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   mla::cp_async_wait<0>();
   __syncthreads(); // fin_s
 
-  // Epilogue: value dims 256 (wgi - 1)..
+  // Epilogue: value dims 256 (wgi - 1).. The rows are staged in the K
+  // buffers (free now), 32 at a time, and written whole, 16 bytes a thread:
+  // straight from the accumulators a warp's stores spread over 8 rows, which
+  // took 6-7 us a CTA (14 with bf16 caches) in the trace (bench/RESULTS.md,
+  // twenty-seventh session). bf16 output rows, or a split's f32 partials; the
+  // pitches put each warp's stores in distinct banks.
+  constexpr int PASS = MR / 2;
+  static_assert(PASS * (DV * 4 + 32) <= NKB * TILE, "the output staging fits the K buffers");
+  const bool split = p.nsplits > 1;
+  const int esz = split ? 4 : 2, pitch = DV * esz + (split ? 32 : 16), chunks = DV * esz / 16;
+  // the CTA's rows are consecutive in out and in the partials
+  unsigned char *dst = split ? reinterpret_cast<unsigned char *>(p.o_acc + (w.part + w.row0) * DV)
+                             : reinterpret_cast<unsigned char *>(p.out + ((int64_t)w.prob * p.rows + w.row0) * DV);
 #pragma unroll
-  for (int hh = 0; hh < 2; hh++) {
-    const int row = hh ? rB : rA;
-    if (row >= w.nrows) continue;
-    // codes mode: O in units of 2^E(last tile) and of the tensor scale
-    const float f = fin_s[row] * (HAS_E ? pow2i(e_prev) : 1.0f) * (CO::tensor ? tscale : 1.0f);
+  for (int pass = 0; pass < 2; pass++) {
+    const int lo = pass * PASS;
+    if (lo >= w.nrows) break;
+    if (pass) mla::bar_sync(BAR_LOADER, 256); // the first pass's rows are out
+    if (warp / 2 == pass) { // this warp's rows rA, rB lie in the pass
 #pragma unroll
-    for (int j = 0; j < 32; j++) {
-      const int col = (wgi - 1) * 256 + j * 8 + 2 * t4;
-      const float x0 = o[4 * j + 2 * hh] * f, x1 = o[4 * j + 2 * hh + 1] * f;
-      if (p.nsplits > 1) *reinterpret_cast<float2 *>(p.o_acc + (w.part + w.row0 + row) * DV + col) = make_float2(x0, x1);
-      else *reinterpret_cast<uint32_t *>(p.out + ((int64_t)w.prob * p.rows + w.row0 + row) * DV + col) = mla::pack_bf16x2(x0, x1);
+      for (int hh = 0; hh < 2; hh++) {
+        const int row = hh ? rB : rA;
+        if (row >= w.nrows) continue;
+        // codes mode: O in units of 2^E(last tile) and of the tensor scale
+        const float f = fin_s[row] * (HAS_E ? pow2i(e_prev) : 1.0f) * (CO::tensor ? tscale : 1.0f);
+        unsigned char *st = Kbase + (row - lo) * pitch;
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+          const int col = (wgi - 1) * 256 + j * 8 + 2 * t4;
+          const float x0 = o[4 * j + 2 * hh] * f, x1 = o[4 * j + 2 * hh + 1] * f;
+          if (split) *reinterpret_cast<float2 *>(st + col * 4) = make_float2(x0, x1);
+          else *reinterpret_cast<uint32_t *>(st + col * 2) = mla::pack_bf16x2(x0, x1);
+        }
+      }
+    }
+    mla::bar_sync(BAR_LOADER, 256); // the pass's rows staged by both halves
+    const int n = min(PASS, w.nrows - lo) * chunks;
+    for (int idx = lt; idx < n; idx += 256) {
+      const int row = idx / chunks, c = idx - row * chunks;
+      *reinterpret_cast<uint4 *>(dst + (int64_t)(lo + row) * DV * esz + c * 16) = *reinterpret_cast<const uint4 *>(Kbase + row * pitch + c * 16);
     }
   }
 #else
