@@ -162,12 +162,23 @@ static int host_mirror(const mla_tensor *t, mla_tensor *h, int64_t *lo_out, int 
   return 0;
 }
 
+/* Host to device on the device's stream. A cudaMemcpy from pageable memory
+ * may return before its DMA has landed (CUDA's API synchronization notes),
+ * and the kernels that read the bytes next run on a non-blocking stream,
+ * which does not wait for the legacy one. Queued on the same stream, the copy
+ * lands before them; the pageable source is staged before the call returns,
+ * so the caller may free it. */
+static int upload(int dev, void *dst, const void *src, size_t n) {
+  cudaStream_t s = mla_device_stream(dev);
+  if (!s) return -1;
+  return mla_cuda_check(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, s), "copy to device");
+}
+
 static int host_mirror_upload(const mla_tensor *t, const mla_tensor *h, int64_t lo) {
   int64_t l, hi;
   mla_tensor_byte_range(t, &l, &hi);
   if (hi <= lo) return 0;
-  return mla_cuda_check(cudaMemcpy((char *)t->storage->data + lo, h->storage->data, (size_t)(hi - lo), cudaMemcpyHostToDevice),
-                        "copy to device");
+  return upload(mla_tensor_device(t), (char *)t->storage->data + lo, h->storage->data, (size_t)(hi - lo));
 }
 
 static int byte_dense(const mla_tensor *t) { return mla_tensor_is_contiguous(t) && t->offset * bits_of(t) % 8 == 0; }
@@ -205,8 +216,7 @@ static int copy_via_host(mla_tensor *dst, const mla_tensor *src, const mla_cvt_o
   if (byte_dense(dst)) { /* convert on the host into dst's dtype, one upload */
     void *p;
     if (temp_like(&hd, dst, dst->dtype, MLA_CPU) || copy_impl(&hd, src, o) || mla_tensor_data(dst, &p) ||
-        mla_device_sync(dd) ||
-        mla_cuda_check(cudaMemcpy(p, hd.storage->data, (size_t)hd.storage->nbytes, cudaMemcpyHostToDevice), "copy to device"))
+        upload(dd, p, hd.storage->data, (size_t)hd.storage->nbytes))
       goto out;
     rc = 0;
   } else if (dst->dtype == MLA_E2M1) { /* read-modify-write of the spanned bytes */
@@ -215,8 +225,7 @@ static int copy_via_host(mla_tensor *dst, const mla_tensor *src, const mla_cvt_o
   } else { /* upload contiguous, then a same-dtype GPU kernel places it */
     void *p;
     if (temp_like(&hd, dst, dst->dtype, MLA_CPU) || copy_impl(&hd, src, o) || temp_like(&gd, dst, dst->dtype, dd) ||
-        mla_tensor_data(&gd, &p) || mla_device_sync(dd) ||
-        mla_cuda_check(cudaMemcpy(p, hd.storage->data, (size_t)hd.storage->nbytes, cudaMemcpyHostToDevice), "copy to device"))
+        mla_tensor_data(&gd, &p) || upload(dd, p, hd.storage->data, (size_t)hd.storage->nbytes))
       goto out;
     rc = copy_impl(dst, &gd, o);
   }

@@ -573,7 +573,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   // Epilogue: value dims 256 (wgi - 1).. The rows are staged in the K
   // buffers (free now), 32 at a time, and written whole, 16 bytes a thread:
   // straight from the accumulators a warp's stores spread over 8 rows, which
-  // took 6-7 us a CTA (14 with bf16 caches) in the trace (bench/RESULTS.md,
+  // took 5.7-7.5 us a CTA, now 2.5-2.8 (a globaltimer trace, bench/RESULTS.md,
   // twenty-seventh session). bf16 output rows, or a split's f32 partials; the
   // pitches put each warp's stores in distinct banks.
   constexpr int PASS = MR / 2;
