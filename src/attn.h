@@ -17,6 +17,7 @@
 
 #include <stdint.h>
 
+#include "mla/attn_split.h" /* mla_attn_split_align */
 #include "mla/layout_desc.h"
 
 #ifdef __cplusplus
@@ -57,14 +58,6 @@ static inline int64_t mla_attn_problems(const mla_attn_args *a) { return a->spar
  * kernel (one CTA a SM), the 64-row wgmma kernels (dense and sparse), and
  * the two-CTA-a-SM ones (generic, V-slice). */
 typedef enum { MLA_SPLIT_RS16, MLA_SPLIT_WG64, MLA_SPLIT_TWO_PER_SM } mla_split_family;
-
-/* Tiles a split's key range is a multiple of: a page's worth (dense, pages
- * a whole number of tiles), so that no tile of a split straddles two pages
- * where the unsplit launch has none; the kernels round the same way
- * (cta_work_of). */
-static inline int mla_attn_split_align(int sparse, int block_size, int tile_keys) {
-  return !sparse && tile_keys > 0 && block_size > tile_keys && block_size % tile_keys == 0 ? block_size / tile_keys : 1;
-}
 
 /* Number of KV splits: the count with the least modeled time for `ctas`
  * CTAs per split on sm_count x ctas_per_sm slots, at most max_tiles tiles of

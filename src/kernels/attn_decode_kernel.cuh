@@ -18,6 +18,7 @@
 #include <math_constants.h>
 
 #include "attn_decode_params.cuh"
+#include "mla/attn_split.h"
 #include "mla/dequant_chunk.cuh"
 #include "mla/mma.cuh"
 
@@ -236,9 +237,8 @@ template <int MR, int TB = BN> __device__ __forceinline__ cta_work cta_work_of(c
   } else {
     w.nkeys = p.topk_len ? min(max(__ldg(p.topk_len + w.r), 0), p.topk) : p.topk;
   }
-  // a split's tiles a multiple of a page's worth where pages hold whole
-  // tiles (mla_attn_split_align, which the launcher's split count assumes)
-  const int al = !p.sparse && p.d.block_size > TB && p.d.block_size % TB == 0 ? p.d.block_size / TB : 1;
+  // a split's tiles a multiple of a page's worth, as the launcher's split count assumes
+  const int al = mla_attn_split_align(p.sparse, p.d.block_size, TB);
   const int ntiles = (w.nkeys + TB - 1) / TB, per = ((ntiles + p.nsplits - 1) / p.nsplits + al - 1) / al * al;
   w.t_begin = min(w.split * per, ntiles), w.t_end = min(w.t_begin + per, ntiles);
   w.part = ((int64_t)w.prob * p.nsplits + w.split) * p.rows;
