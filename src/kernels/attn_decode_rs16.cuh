@@ -276,6 +276,15 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
       uint32_t ha[8], hb[8];
       ra.template frag<i, HAS_E>(ha, pow2i(-ea));
       rb.template frag<i, HAS_E>(hb, pow2i(-eb));
+      if constexpr (i == 0) {
+        // the previous tile's P V ran behind this block's conversion (0.5-1% faster than waiting
+        // at the tile's end: bench/RESULTS.md, twenty-eighth session); every warp's part of it
+        // has read the V tile before any warp overwrites it
+        mla::wgmma_wait<0>();
+#pragma unroll
+        for (int mt = 0; mt < DV / 64; mt++) mla::fence_regs(o[mt]);
+        mla::bar_sync(bar_free(wgi), 128);
+      }
       if constexpr (i < DV / 64) {
 #pragma unroll
         for (int ks = 0; ks < 4; ks++) mla::stmatrix_x4((vst ^ (32 * ks)) + i * BLK_K, ha[2 * ks], hb[2 * ks], ha[2 * ks + 1], hb[2 * ks + 1]);
@@ -393,13 +402,12 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
         if ((CO::bf16_values >> mt) & 1) mla::wgmma_m64n16k16<false, 1>(o[mt], vdi + (mt * BLK_K + kk * 16 * 128), pdi + (TWIN + kk * 32), 1);
         else mla::wgmma_m64n16k16<true, 1>(o[mt], vdi + (mt * BLK_K + kk * 16 * 128), pdi + kk * 32, 1);
       }
-    mla::wgmma_commit();
-    mla::wgmma_wait<0>();
-#pragma unroll
-    for (int mt = 0; mt < DV / 64; mt++) mla::fence_regs(o[mt]);
-    mla::bar_sync(bar_free(wgi), 128); // every warp's part of P V read the V tile: it may be overwritten
+    mla::wgmma_commit(); // waited for in the next tile's first block, or below
     cur = nx, nx = nxx;
   }
+  mla::wgmma_wait<0>();
+#pragma unroll
+  for (int mt = 0; mt < DV / 64; mt++) mla::fence_regs(o[mt]);
 
   // Per warpgroup: row sums over its threads' keys, its running max and unit.
   float *lw = lsum_s + wgi * 2 * 4 * MR, *rw = rows_s + wgi * 3 * MR;
