@@ -131,9 +131,7 @@ __device__ __forceinline__ int v_row(int d) { return 16 * ((d >> 2) & 3) + 8 * (
 // granular, within the page; none where the rows lie far apart). One thread
 // a page: the register loads a warpgroup issues a tile ahead then find their
 // rows in L2.
-template <class LS> __device__ __forceinline__ void prefetch_block_l2(const params &p, const int *pages, int blk) {
-  if (blk < 0 || blk >= PF_BLOCKS) return;
-  const int page = pages[blk];
+template <class LS> __device__ __forceinline__ void prefetch_page_l2(const params &p, int page) {
   if (page < 0 || page >= p.v.num_pages) return;
   const unsigned char *pb = p.v.base + (int64_t)page * p.v.page_stride;
   mla_attn_spec::static_for<LS::host.nregions>([&](auto rc) {
@@ -145,6 +143,9 @@ template <class LS> __device__ __forceinline__ void prefetch_block_l2(const para
     const uintptr_t s = a & ~(uintptr_t)15, e = (a + span) & ~(uintptr_t)15;
     if (e > s) mla::prefetch_l2_bulk((const void *)s, (uint32_t)(e - s));
   });
+}
+template <class LS> __device__ __forceinline__ void prefetch_block_l2(const params &p, const int *pages, int blk) {
+  if (blk >= 0 && blk < PF_BLOCKS) prefetch_page_l2<LS>(p, pages[blk]);
 }
 // The blocks of tile t (keys k0 + 64 t ..): one, or two where the tile starts mid-page (a split's first key).
 template <class LS> __device__ __forceinline__ void prefetch_tile_l2(const params &p, const int *pages, int k0, int k1, int b0, int t) {
@@ -207,12 +208,19 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
     na = slot_fetch<1, BS>(p, r, qi, k1, k0 + after * KB, ka), nb = slot_fetch<1, BS>(p, r, qi, k1, k0 + after * KB, ka + 8);
   };
   if (cur < niter) load_tile(nx);
-  // dense: the request's block-table entries from the CTA's first block, for the L2 prefetches
+  // dense: the request's block-table entries from the CTA's first block, for the L2 prefetches.
+  // Each warpgroup's next tile (2, 3: loaded in the first iteration) goes to L2 as soon as its
+  // entries arrive rather than after Q is staged, and the tile after it (4, 5) once Q is:
+  // the startup's DRAM idles less (fp8_v4 and fp8_pertensor h16 L4096 0.8-1.2% faster,
+  // bench/RESULTS.md, twenty-ninth session).
   int *pages = reinterpret_cast<int *>(smem + L.pages);
   const int b0 = k0 / BS;
   if (!p.sparse)
-    for (int i = tid; i < PF_BLOCKS && b0 + i < p.max_blocks && (b0 + i) * BS < k1; i += NT)
-      pages[i] = __ldg(p.block_table + (int64_t)r * p.max_blocks + b0 + i);
+    for (int i = tid; i < PF_BLOCKS && b0 + i < p.max_blocks && (b0 + i) * BS < k1; i += NT) {
+      const int page = __ldg(p.block_table + (int64_t)r * p.max_blocks + b0 + i), lo = (b0 + i) * BS;
+      pages[i] = page;
+      if (lo < min(k0 + 4 * KB, k1) && lo + BS > k0 + 2 * KB) prefetch_page_l2<LS>(p, page);
+    }
 
   // Q rows, dims permuted (q_perm_off); codes mode: Q x 2^-qk.
   uint32_t qmx = 0;
@@ -227,8 +235,8 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
   const int qk = wg::codes_q<CO, MR, NCH, NT>(Qs, qmx, qmax_w, qmax_w + 8, tid, lane);
   mla::fence_proxy_async(); // this thread's Q rows, for the tensor cores
   __syncthreads();
-  // each warpgroup's next tile (2, 3: loaded in the first iteration, whose prefetches start at 4, 5) to L2
-  if (!p.sparse && tid < 2) prefetch_tile_l2<LS>(p, pages, k0, k1, b0, 2 + tid);
+  // tiles 4, 5, which the first iteration asks L2 for again (a hit); 6, 7 as well was slower
+  if (!p.sparse && tid < 2) prefetch_tile_l2<LS>(p, pages, k0, k1, b0, 4 + tid);
 
   // Accumulator element e of an m64n16 tile: row 16 warp + g + 8 ((e >> 1) & 1),
   // column 8 (e >> 2) + 2 t4 + (e & 1). S^T: rows are keys, columns queries;
