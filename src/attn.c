@@ -68,8 +68,7 @@ int mla_attn_num_splits(mla_split_family fam, int sm_count, int ctas_per_sm, int
   int best = 1;
   double best_cost = -1;
   for (int64_t ns = 1; ns <= 64 && ns <= max_tiles; ns++) {
-    int64_t per = (max_tiles + ns - 1) / ns;
-    per = (per + align - 1) / align * align;
+    const int64_t per = MLA_ATTN_SPLIT_TILES(max_tiles, ns, align);
     if (ns > 1 && (ns - 1) * per >= max_tiles) continue; /* a split left empty: the same as fewer */
     const int64_t n = ctas * ns, full = n / slots, rem = n - full * slots;
     const double waves = (double)full + (rem ? fmax((double)rem / (double)slots, SPLIT_TAIL) : 0.0);

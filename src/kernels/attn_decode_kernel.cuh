@@ -239,7 +239,7 @@ template <int MR, int TB = BN> __device__ __forceinline__ cta_work cta_work_of(c
   }
   // a split's tiles a multiple of a page's worth, as the launcher's split count assumes
   const int al = mla_attn_split_align(p.sparse, p.d.block_size, TB);
-  const int ntiles = (w.nkeys + TB - 1) / TB, per = ((ntiles + p.nsplits - 1) / p.nsplits + al - 1) / al * al;
+  const int ntiles = (w.nkeys + TB - 1) / TB, per = MLA_ATTN_SPLIT_TILES(ntiles, p.nsplits, al);
   w.t_begin = min(w.split * per, ntiles), w.t_end = min(w.t_begin + per, ntiles);
   w.part = ((int64_t)w.prob * p.nsplits + w.split) * p.rows;
   return w;

@@ -12,4 +12,9 @@ MLA_HD MLA_CONSTEXPR int mla_attn_split_align(int sparse, int block_size, int ti
   return !sparse && tile_keys > 0 && block_size > tile_keys && block_size % tile_keys == 0 ? block_size / tile_keys : 1;
 }
 
+/* Tiles of each of `nsplits` splits of `ntiles`: the ceiling share, rounded
+ * up to the alignment. A macro so that the launcher's int64 count and the
+ * kernels' int one share it without a 64-bit division in the kernels. */
+#define MLA_ATTN_SPLIT_TILES(ntiles, nsplits, align) ((((ntiles) + (nsplits) - 1) / (nsplits) + (align) - 1) / (align) * (align))
+
 #endif
