@@ -211,7 +211,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
   // dense: the request's block-table entries from the CTA's first block, for the L2 prefetches.
   // Each warpgroup's next tile (2, 3: loaded in the first iteration) goes to L2 as soon as its
   // entries arrive rather than after Q is staged, and the tile after it (4, 5) once Q is:
-  // the startup's DRAM idles less (fp8_v4 and fp8_pertensor h16 L4096 0.8-1.2% faster,
+  // the startup's DRAM idles less (fp8_v4 h16 L4096 0.8-1.5% faster, fp8_pertensor 0.8-1.0%:
   // bench/RESULTS.md, twenty-ninth session).
   int *pages = reinterpret_cast<int *>(smem + L.pages);
   const int b0 = k0 / BS;
