@@ -6,7 +6,9 @@
 -- division per element) bit-identical to __fdiv_rn for every bf16 x and many
 -- fp32 x over scales of every kind the layouts produce (e4m3 and ue8m0 codes,
 -- raw f32 amax / qmax scales, tensor scales, extremes, NaN), and the
--- division-free e2m1 quotient encoder on its whole domain.
+-- division-free e2m1 quotient encoder on its whole domain, on the device and
+-- (without a GPU) its same source on the host, whose f16 pair instructions
+-- mla/f16x2.h carries out in software.
 local mla = require "mlalab"
 local rtc = mla.rtc
 
@@ -169,5 +171,25 @@ describe("packed conversions of mla/token_access.cuh #gpu", function()
     local y = first >= 0 and first >> 32 or -1
     local what = y < 0 and "-" or y < 256 and string.format("e4m3 code 0x%02x", y) or tostring(s[y - 255])
     assert.equal(0, n, string.format("%d mismatches, first at scale %s, element %d", n, what, first & 0xffffffff))
+  end)
+end)
+
+describe("the division-free e2m1 encoder's source on the host (mla/e2m1_div.h, f16 pairs in software)", function()
+  -- e4m3 scale codes 0x01..0x7e ([2^-9, 448]) x every non-NaN bf16 (254 NaN patterns), and the two NaN
+  -- codes x every bf16
+  local domain = 126 * (65536 - 254) + 2 * 65536
+
+  it("equals x / s and the reference e2m1 encoder for every bf16 x and every e4m3 scale in [2^-9, 448] or NaN", function()
+    local r = mla.core.e2m1_div_check()
+    assert.equal(domain, r.pairs)
+    assert.equal(0, r.mismatches, string.format("%d mismatches, first at e4m3 scale code 0x%02x, bf16 x 0x%04x",
+      r.mismatches, r.first_scale_code, r.first_x))
+  end)
+
+  it("sees a quotient 1e-3 off: the check has teeth", function()
+    local r = mla.core.e2m1_div_check(1 + 1e-3)
+    assert.equal(domain, r.pairs)
+    assert.is_true(r.mismatches > 0, "a wrong quotient gave no mismatch")
+    assert.is_true(r.first_scale_code >= 0 and r.first_x >= 0)
   end)
 end)

@@ -9,6 +9,13 @@
 #define MLA_HD static inline
 #endif
 
+/* A loop the device compiler should unroll (nothing for host compilers). */
+#if defined(__CUDA_ARCH__) || defined(__CUDACC_RTC__)
+#define MLA_UNROLL _Pragma("unroll")
+#else
+#define MLA_UNROLL
+#endif
+
 /* Functions shared with C that C++ callers may also evaluate at compile time. */
 #ifdef __cplusplus
 #define MLA_CONSTEXPR constexpr

@@ -13,6 +13,7 @@
 #define MLA_TOKEN_ACCESS_CUH
 
 #include "convert.cuh"
+#include "e2m1_div.h"
 #include "layout_access.cuh"
 #include "layout_desc.h"
 #include "quant_math.h"
@@ -194,55 +195,14 @@ __device__ __forceinline__ uint32_t e2m1x8_encode(const float (&q)[8]) {
   return w;
 }
 
-/* The e2m1 codes of x / s for the 8 bf16 x of w, without a division and on
- * packed f16 pairs for most of the work: bit-identical to
- * e2m1_encode(__fdiv_rn(x, s)) when s is an e4m3 value in [2^-9, 448] and
- * r = __frcp_rn(s), for every non-NaN bf16 x (a NaN in a group makes its scale
- * NaN; a NaN s gives 0x7 everywhere, as the reference does).
- *  - quotient: q = x * r in fp32, then rounded to f16 (cvt.rn.f16x2.f32, two
- *    per instruction; past 65504 it is inf). A bf16 x has 8 significant bits
- *    and s 4, so x / s is either exactly an e2m1 midpoint or >= 2^-9 (relative)
- *    away from every midpoint. Midpoints are f16 values and q is within 2^-22 of
- *    x / s, so the f16 rounding lands exactly on a midpoint when x / s is one,
- *    and never crosses one otherwise (f16 rounding moves by < 2^-11);
- *  - a = min(|q|, 6), then rounded to e2m1's grid (0.5 below 2, 1 in [2, 4),
- *    2 in [4, 8)) by adding and subtracting m = 512 * 2^max(e, 0) (e the
- *    exponent of a): a + m has ulp 2^(e - 1) and m is even in it, so the f16
- *    rounding of the sum is the ties-to-even rounding of a;
- *  - the rounded v times 2^-14 has the e2m1 code in bits 9..11 of each f16
- *    (exponent bias 15 - 14 = 1, as e2m1's; 0.5 becomes the subnormal 2^-15);
- *  - the sign is x's (all 8 signs moved into place by 4 byte permutes).
- * An exhaustive CPU simulation (every bf16 x, every e4m3 s in range: 8.2 M
- * pairs) agreed with the division; spec/kv_convert_spec.lua checks the device
- * code against __fdiv_rn + e2m1_encode on the same domain. */
+/* The e2m1 codes of x / s for the 8 bf16 x of w, without a division, on
+ * packed f16 pairs: bit-identical to e2m1_encode(__fdiv_rn(x, s)) when s is
+ * an e4m3 value in [2^-9, 448] and r = __frcp_rn(s) (mla/e2m1_div.h has the
+ * argument; the CPU specs run that same source on every bf16 x and scale, and
+ * spec/kv_convert_spec.lua checks the device code against __fdiv_rn +
+ * e2m1_encode on the same domain). */
 __device__ __forceinline__ uint32_t e2m1x8_encode_bf16_div(uint4 w, float s, float r) {
-  if (s != s) return 0x77777777u;
-  const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
-  uint32_t c[4];
-#pragma unroll
-  for (int j = 0; j < 4; j++) {
-    const float lo = __fmul_rn(__uint_as_float(ws[j] << 16), r), hi = __fmul_rn(__uint_as_float(ws[j] & 0xFFFF0000u), r);
-    uint32_t h, a, m, t;
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(h) : "f"(hi), "f"(lo));
-    asm("min.f16x2 %0, %1, %2;" : "=r"(a) : "r"(h & 0x7FFF7FFFu), "r"(0x46004600u)); /* min(|q|, 6) */
-    asm("max.f16x2 %0, %1, %2;" : "=r"(m) : "r"(a & 0x7C007C00u), "r"(0x3C003C00u)); /* 2^max(e, 0) */
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(t) : "r"(m), "r"(0x60006000u), "r"(a));   /* a + 512 m */
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(t) : "r"(m), "r"(0xE000E000u), "r"(t));   /* - 512 m: v */
-    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(c[j]) : "r"(t), "r"(0x04000400u));          /* v * 2^-14 */
-  }
-  // codes of elements 2j, 2j + 1 in bits 9 and 25 of c[j]: bytes of A are
-  // elements 0, 2, 1, 3 (B: 4, 6, 5, 7); A | A >> 12 puts 0..3 in nibbles 0..3
-  const uint32_t A = (c[0] >> 9) | (c[1] >> 1), B = (c[2] >> 9) | (c[3] >> 1);
-  uint32_t out;
-  asm("prmt.b32 %0, %1, %2, 0x5410;" : "=r"(out) : "r"(A | (A >> 12)), "r"(B | (B >> 12)));
-  // the sign of element k to bit 4k + 3 for all 8 at once: the high byte of
-  // every bf16 gathered, then each replicated from its sign (prmt's msb mode)
-  uint32_t lo, hi, ev, od;
-  asm("prmt.b32 %0, %1, %2, 0x7351;" : "=r"(lo) : "r"(w.x), "r"(w.y));
-  asm("prmt.b32 %0, %1, %2, 0x7351;" : "=r"(hi) : "r"(w.z), "r"(w.w));
-  asm("prmt.b32 %0, %1, %2, 0xDC98;" : "=r"(ev) : "r"(lo), "r"(hi)); // byte j: 0xff if element 2j < 0
-  asm("prmt.b32 %0, %1, %2, 0xFEBA;" : "=r"(od) : "r"(lo), "r"(hi)); // byte j: 0xff if element 2j + 1 < 0
-  return out | (((ev & 0x0F0F0F0Fu) | (od & 0xF0F0F0F0u)) & 0x88888888u);
+  return mla_e2m1x8_encode_bf16_div(w.x, w.y, w.z, w.w, s, r);
 }
 
 /* Bytes that are an e4m3 NaN (0x7f / 0xff) become 0x7f, the reference's one NaN. */
