@@ -41,8 +41,8 @@ MLA_HD uint32_t mla_e2m1x8_encode_bf16_div(uint32_t w0, uint32_t w1, uint32_t w2
   for (int j = 0; j < 4; j++) {
     const float lo = mla_fmul_rn(mla_u2f(ws[j] << 16), r), hi = mla_fmul_rn(mla_u2f(ws[j] & 0xFFFF0000u), r);
     const uint32_t h = mla_f16x2_cvt(hi, lo);
-    const uint32_t a = mla_f16x2_min(h & 0x7FFF7FFFu, 0x46004600u); /* min(|q|, 6) */
-    const uint32_t m = mla_f16x2_max(a & 0x7C007C00u, 0x3C003C00u); /* 2^max(e, 0) */
+    const uint32_t a = mla_f16x2_minmax(h & 0x7FFF7FFFu, 0x46004600u, 0); /* min(|q|, 6) */
+    const uint32_t m = mla_f16x2_minmax(a & 0x7C007C00u, 0x3C003C00u, 1); /* 2^max(e, 0) */
     const uint32_t t = mla_f16x2_fma(m, 0x60006000u, a);             /* a + 512 m */
     c[j] = mla_f16x2_mul(mla_f16x2_fma(m, 0xE000E000u, t), 0x04000400u); /* (t - 512 m) * 2^-14 */
   }

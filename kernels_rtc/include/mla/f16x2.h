@@ -77,23 +77,15 @@ MLA_HD uint32_t mla_f16x2_cvt(float hi, float lo) {
 #endif
 }
 
-MLA_HD uint32_t mla_f16x2_min(uint32_t a, uint32_t b) {
+/* min (want_max 0) or max of each half */
+MLA_HD uint32_t mla_f16x2_minmax(uint32_t a, uint32_t b, int want_max) {
 #if defined(__CUDA_ARCH__)
   uint32_t d;
-  asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  if (want_max) asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  else asm("min.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
   return d;
 #else
-  return mla_h_minmax(MLA_H2_HI(a), MLA_H2_HI(b), 0) << 16 | mla_h_minmax(MLA_H2_LO(a), MLA_H2_LO(b), 0);
-#endif
-}
-
-MLA_HD uint32_t mla_f16x2_max(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  uint32_t d;
-  asm("max.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-#else
-  return mla_h_minmax(MLA_H2_HI(a), MLA_H2_HI(b), 1) << 16 | mla_h_minmax(MLA_H2_LO(a), MLA_H2_LO(b), 1);
+  return mla_h_minmax(MLA_H2_HI(a), MLA_H2_HI(b), want_max) << 16 | mla_h_minmax(MLA_H2_LO(a), MLA_H2_LO(b), want_max);
 #endif
 }
 
