@@ -6,8 +6,6 @@
  * kernels' source with its f16 pair instructions in software (mla/f16x2.h),
  * so a CPU-only CI checks the encoder's argument; the #gpu spec checks the
  * device code the same way. */
-#include <math.h>
-
 #include "dtype.h"
 #include "l_common.h"
 #include "mla/e2m1_div.h"

@@ -34,8 +34,8 @@ function M.sections(bytes, what)
   end
   local hdr = {}
   for i = 0, shnum - 1 do
-    local name, _, _, _, off, size = string.unpack("<I4I4I8I8I8I8", bytes, shoff + i * shentsize + 1)
-    hdr[i] = { name = name, off = off, size = size }
+    local name, typ, _, _, off, size = string.unpack("<I4I4I8I8I8I8", bytes, shoff + i * shentsize + 1)
+    hdr[i] = { name = name, nobits = typ == 8, off = off, size = size } -- SHT_NOBITS: no bytes in the file
   end
   local str = hdr[shstrndx]
   if str.off + str.size > #bytes then fail(what, "its section name table lies outside the file") end
@@ -46,8 +46,10 @@ function M.sections(bytes, what)
     local e = bytes:find("\0", at, true)
     if not e or e > str.off + str.size + 1 then fail(what, "section " .. i .. " has no name in the name table") end
     local name = bytes:sub(at, e - 1)
-    -- NOBITS sections (.bss, .nv.shared.*) have a size but no bytes in the file
-    if h.off + h.size <= #bytes then out[name] = bytes:sub(h.off + 1, h.off + h.size) end
+    if not h.nobits then -- .bss, .nv.shared.*: a size but no bytes in the file
+      if h.off + h.size > #bytes then fail(what, "section " .. name .. " lies outside the file (truncated?)") end
+      out[name] = bytes:sub(h.off + 1, h.off + h.size)
+    end
   end
   return out
 end

@@ -210,7 +210,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
   if (cur < niter) load_tile(nx);
   // dense: the request's block-table entries from the CTA's first block, for the L2 prefetches.
   // Each warpgroup's next tile (2, 3: loaded in the first iteration) goes to L2 as soon as its
-  // entries arrive rather than after Q is staged, and the tile after it (4, 5) once Q is:
+  // entries arrive rather than after Q is staged, and the tile after it (PF_AHEAD, + 1) once Q is:
   // the startup's DRAM idles less (fp8_v4 h16 L4096 0.8-1.5% faster, fp8_pertensor 0.8-1.0%:
   // bench/RESULTS.md, twenty-ninth session).
   int *pages = reinterpret_cast<int *>(smem + L.pages);
@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
     for (int i = tid; i < PF_BLOCKS && b0 + i < p.max_blocks && (b0 + i) * BS < k1; i += NT) {
       const int page = __ldg(p.block_table + (int64_t)r * p.max_blocks + b0 + i), lo = (b0 + i) * BS;
       pages[i] = page;
-      if (lo < min(k0 + 4 * KB, k1) && lo + BS > k0 + 2 * KB) prefetch_page_l2<LS>(p, page);
+      if (lo < min(k0 + PF_AHEAD * KB, k1) && lo + BS > k0 + 2 * KB) prefetch_page_l2<LS>(p, page);
     }
 
   // Q rows, dims permuted (q_perm_off); codes mode: Q x 2^-qk.
@@ -235,8 +235,8 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
   const int qk = wg::codes_q<CO, MR, NCH, NT>(Qs, qmx, qmax_w, qmax_w + 8, tid, lane);
   mla::fence_proxy_async(); // this thread's Q rows, for the tensor cores
   __syncthreads();
-  // tiles 4, 5, which the first iteration asks L2 for again (a hit); 6, 7 as well was slower
-  if (!p.sparse && tid < 2) prefetch_tile_l2<LS>(p, pages, k0, k1, b0, 4 + tid);
+  // tiles PF_AHEAD, + 1, which the first iteration asks L2 for again (a hit); 2 more as well was slower
+  if (!p.sparse && tid < 2) prefetch_tile_l2<LS>(p, pages, k0, k1, b0, PF_AHEAD + tid);
 
   // Accumulator element e of an m64n16 tile: row 16 warp + g + 8 ((e >> 1) & 1),
   // column 8 (e >> 2) + 2 t4 + (e & 1). S^T: rows are keys, columns queries;

@@ -24,6 +24,7 @@
 #define MLA_E2M1_DIV_H
 
 #include "f16x2.h"
+#include "quant_math.h" /* mla_f2u, mla_u2f */
 
 MLA_HD float mla_fmul_rn(float a, float b) {
 #if defined(__CUDA_ARCH__)

@@ -8,7 +8,7 @@
 #ifndef MLA_F16X2_H
 #define MLA_F16X2_H
 
-#include "quant_math.h" /* mla_f2u, mla_u2f */
+#include "platform.h"
 
 #if !defined(__CUDA_ARCH__)
 #include <math.h>
