@@ -79,16 +79,7 @@ __global__ void __launch_bounds__(WARPS * 32)
       }
       mla::store_chunk(P.dtype, pg + P.data_base + t * (P.data_row ? (long long)P.data_row : view.token_stride), x);
     }
-    if (lane == 0) { // padding bytes are written as zeros, as the reference does
-#pragma unroll
-      for (int f = 0; f < MLA_LAYOUT_NFIELDS; f++) {
-        const mla_layout_field &fd = mla_layout.fields[f];
-        if (fd.role != MLA_FIELD_PAD) continue;
-        const long long row = fd.region == 0 ? view.token_stride : (long long)mla_layout.region_row_bytes[fd.region];
-        unsigned char *p = pg + mla_layout.region_off[fd.region] + t * row + fd.byte_off;
-        for (int k = 0; k < fd.count; k++) p[k] = 0;
-      }
-    }
+    if (lane == 0) mla::zero_pads(mla_layout, pg, t, view.token_stride); // as the reference does
     __syncwarp(); // the amax slots are reused by the warp's next token
   }
 }

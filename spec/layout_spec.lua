@@ -103,6 +103,59 @@ describe("built-in layout byte maps", function()
     assert.equal(35 * 512, mla.layout.get("fp8_v41"):page_bytes(33)) -- 33 x 528 = 17424 -> 17920
   end)
 
+  it("fp8_ds_mla_blocked is 656 B/token page-blocked: NoPE [32][B][16 B], f32 scales [4][B], RoPE [B][64 bf16]", function()
+    local L = mla.layout.get("fp8_ds_mla_blocked")
+    assert.equal(656, L.token_bytes)
+    assert.is_true(L:chunked())
+    assert.is_false(mla.layout.get("fp8_ds_mla"):chunked())
+    assert_desc("fp8_ds_mla_blocked", 64, { dim = 576, v_dims = 512, nregions = 3, region_row_bytes = { 512, 16, 128 },
+      region_chunk = { 16, 4, 0 }, region_off = { 0, 32768, 33792 }, page_bytes = 41984, fields = {
+        { name = "nope", dtype = "e4m3", count = 512, region = 0, byte_off = 0, group = 128, scale_dtype = "f32",
+          scale_region = 1, scale_off = 0, scale_policy = "pow2", eps = f32(1e-4) },
+        { name = "rope", dtype = "bf16", dim_lo = 512, count = 64, region = 2, byte_off = 0 } } })
+    -- locate inverts the piece-major order: dims 16 j .. of token t at j B 16 + t 16, scale g at 32768 + g B 4 + t 4
+    local r = L:locate(5 * 64 * 16 + 7 * 16 + 3, 64)
+    assert.same({ "nope", 7, "nope", "data", 83 }, { r.region, r.token, r.item, r.kind, r.elem })
+    r = L:locate(32768 + 2 * 64 * 4 + 9 * 4 + 1, 64)
+    assert.same({ "scales", 9, "nope.scale", "scale", 2 }, { r.region, r.token, r.item, r.kind, r.elem })
+    r = L:locate(33792 + 63 * 128 + 127, 64)
+    assert.same({ "rope", 63, "rope", "data", 63 }, { r.region, r.token, r.item, r.kind, r.elem })
+    assert.is_truthy(mla.layout.map(L, 64):find("32 pieces x 64 x 16 B", 1, true))
+  end)
+
+  it("fp8_ds_mla_blocked holds fp8_ds_mla's bytes, moved to their page-blocked places (block sizes 64 and 3)", function()
+    for _, bs in ipairs { 64, 3 } do
+      local A, B = mla.layout.get("fp8_ds_mla"), mla.layout.get("fp8_ds_mla_blocked")
+      local n = 2 * bs
+      local x = mla.randn({ n, 576 }, { std = 2 })
+      local slots = mla.arange(n, "i64")
+      local ca = mla.cache.new { layout = A, num_blocks = 2, block_size = bs, device = "cpu" }:view(0)
+      local cb = mla.cache.new { layout = B, num_blocks = 2, block_size = bs, device = "cpu" }:view(0)
+      ca.pages:random_bytes_(5)
+      cb.pages:random_bytes_(6)
+      mla.layout_ref.write(A, ca.pages, x, slots, { block_size = bs })
+      mla.layout_ref.write(B, cb.pages, x, slots, { block_size = bs })
+      local a, b = core.tensor_bytes(ca.pages), core.tensor_bytes(cb.pages)
+      local pa, pb = ca.pages:stride(0), cb.pages:stride(0)
+      for s = 0, n - 1 do
+        local p, t = s // bs, s % bs
+        local ta, tb = p * pa + t * 656, p * pb
+        for j = 0, 31 do
+          assert.equal(a:sub(ta + 16 * j + 1, ta + 16 * j + 16), b:sub(tb + (j * bs + t) * 16 + 1, tb + (j * bs + t) * 16 + 16))
+        end
+        for g = 0, 3 do
+          local sb = tb + 512 * bs + (g * bs + t) * 4
+          assert.equal(a:sub(ta + 512 + 4 * g + 1, ta + 512 + 4 * g + 4), b:sub(sb + 1, sb + 4))
+        end
+        local rb = tb + 528 * bs + t * 128
+        assert.equal(a:sub(ta + 528 + 1, ta + 656), b:sub(rb + 1, rb + 128))
+      end
+      -- and reads back the same values
+      S.assert_bytes(mla.layout_ref.read(A, ca.pages, slots, { block_size = bs }),
+        mla.layout_ref.read(B, cb.pages, slots, { block_size = bs }), "read back")
+    end
+  end)
+
   it("locates any byte of a page as (region, token, field, element)", function()
     local L = mla.layout.get("fp8_v4")
     local r = L:locate(36864 + 8 * 5 + 3, 64)
@@ -122,7 +175,7 @@ describe("layout descriptors", function()
   it("pack and unpack round-trip every built-in bit for bit", function()
     for _, n in ipairs(mla.layout.builtins()) do
       local s = mla.layout.get(n):packed(64)
-      assert.equal(632, #s)
+      assert.equal(648, #s)
       assert.equal(s, core.layout_pack(core.layout_unpack(s)), n)
     end
   end)
@@ -266,6 +319,22 @@ describe("layout validation errors", function()
     for i = 1, 5 do five[i] = { row = {} } end
     define_err({ name = "t", fields = { e4("a", 8) }, regions = five }, "a page has 1 to 4 regions, 5 given")
   end)
+  it("names chunked regions whose pieces do not fit their row or split a read", function()
+    define_err({ name = "t", fields = { e4("a", 32) }, regions = { { name = "r", row = { "a" }, chunk = 12 } } },
+      "region 'r': chunk = 12 must divide its 32-byte row and be smaller than it")
+    define_err({ name = "t", fields = { e4("a", 32) }, regions = { { name = "r", row = { "a" }, chunk = 32 } } },
+      "region 'r': chunk = 32 must divide its 32-byte row and be smaller than it")
+    -- 8 bf16 dims are one 16-byte read: 8-byte pieces would split it
+    define_err({ name = "t", fields = { { "a", "bf16", 16 } }, regions = { { row = { "a" }, chunk = 8 } } },
+      "field 'a': 8-dim bytes [0, 16) of region 0 straddle its 8-byte pieces")
+    -- an f32 scale across two 2-byte pieces
+    define_err({ name = "t", fields = { e4("a", 32, { scale = { dtype = "f32", group = 16, eps = 1e-4 } }) },
+      regions = { { row = { "a" } }, { row = { "a.scale" }, chunk = 2 } } }, "the scales is f32 in region 1 whose pieces of 2 bytes")
+    -- region 0's pieces keep token_align like its rows
+    define_err({ name = "t", fields = { e4("a", 32) }, regions = { { row = { "a" }, chunk = 8 } }, token_align = 16 },
+      "region_chunk[0] = 8 must keep token pieces at multiples of token_align = 16")
+    assert.is_true(mla.layout.define { name = "t", fields = { e4("a", 32) }, regions = { { row = { "a" }, chunk = 8 } } }:chunked())
+  end)
   it("rejects a block size that is not a positive integer", function()
     S.assert_error_contains(function() mla.layout.get("bf16"):desc(0) end, "block_size must be a positive integer")
     S.assert_error_contains(function() mla.layout.get("nope_such") end, "no layout 'nope_such'")
@@ -293,6 +362,13 @@ describe("descriptor checks in C (core.layout_check)", function()
   it("rejects a page smaller than its regions", function() bad(function(d) d.page_bytes = 2608 end, "page_bytes = 2608 is smaller than the regions' end 2624") end)
   it("rejects a page size off its alignment", function()
     bad(function(d) d.page_bytes = 2632; d.page_align = 32 end, "page_bytes = 2632 is not a multiple of page_align = 32")
+    bad(function(d) d.region_chunk = { 12 } end, "region_chunk[0] = 12 must be 0 (rows whole) or a divisor of the 656-byte row")
+    bad(function(d) d.region_chunk = { 8 } end, "region_chunk[0] = 8 must keep token pieces at multiples of token_align = 16")
+    bad(function(d) d.region_chunk, d.token_align = { 8 }, 8 end,
+      "fields[1]: 8-dim bytes [528, 544) of region 0 straddle its 8-byte pieces")
+    local d = raw()
+    d.region_chunk = { 16 } -- every read inside a 16-byte piece
+    assert.is_true(core.layout_check(d))
   end)
   it("rejects overlapping regions", function()
     bad(function(d) d.region_row_bytes = { 656, 4 }; d.region_off = { 0, 2000 }; d.page_bytes = 4000 end,
@@ -342,7 +418,7 @@ describe("descriptor checks in C (core.layout_check)", function()
     d = raw()
     d.nfields = 3
     S.assert_error_contains(function() core.layout_pack(d) end, "nfields = 3 but 2 fields are listed")
-    S.assert_error_contains(function() core.layout_unpack("short") end, "a packed layout descriptor has 632 bytes, got 5")
+    S.assert_error_contains(function() core.layout_unpack("short") end, "a packed layout descriptor has 648 bytes, got 5")
   end)
 end)
 
@@ -411,7 +487,7 @@ describe("cache view checks", function()
     S.assert_error_contains(function() core.ref_read(P:packed(64), pages, mla.tensor({ 0 }, "i64"), mla.zeros({ 1, 600 })) end,
       "ref_read: out (argument #4) has 600 columns, expected 1 to the layout's 576 dims")
     S.assert_error_contains(function() core.ref_read("nope", pages, mla.tensor({ 0 }, "i64"), mla.zeros({ 1, 5 })) end,
-      "a packed layout descriptor has 632 bytes, got 4")
+      "a packed layout descriptor has 648 bytes, got 4")
   end)
   it("writes nothing when any slot is out of range", function()
     local pages = mla.zeros({ 1, 41984 }, "u8")

@@ -33,7 +33,7 @@ static const char *const POLICY_NAMES[] = {"pow2", "amax", NULL};
 /* ---- packing ------------------------------------------------------------ */
 
 /* Every key a descriptor table may hold; `name` is carried for people. */
-static const char *const DESC_KEYS[] = {"dim", "k_dims", "v_dims", "nfields", "nregions", "block_size",
+static const char *const DESC_KEYS[] = {"dim", "k_dims", "v_dims", "nfields", "nregions", "block_size", "region_chunk",
                                         "region_row_bytes", "region_off", "page_bytes", "page_align",
                                         "token_align", "fields", "name", NULL};
 static const char *const FIELD_KEYS[] = {"role", "dtype", "dim_lo", "count", "region", "byte_off", "scale_kind",
@@ -180,8 +180,12 @@ static void pack_desc(lua_State *L, int t, mla_layout_desc *d) {
   int nr = get_region_list(L, t, "region_row_bytes", rows, INT32_MAX);
   int no = get_region_list(L, t, "region_off", offs, INT64_MAX);
   if (no > nr) lerrf(L, "layout_pack: region_off has %d entries but region_row_bytes only %d", no, nr);
+  int64_t chunks[MLA_LAYOUT_MAX_REGIONS] = {0};
+  int nc = get_region_list(L, t, "region_chunk", chunks, INT32_MAX);
+  if (nc > nr) lerrf(L, "layout_pack: region_chunk has %d entries but region_row_bytes only %d", nc, nr);
   d->nregions = get_i32(L, t, "nregions", nr, w);
-  for (int r = 0; r < MLA_LAYOUT_MAX_REGIONS; r++) d->region_row_bytes[r] = (int32_t)rows[r], d->region_off[r] = offs[r];
+  for (int r = 0; r < MLA_LAYOUT_MAX_REGIONS; r++)
+    d->region_row_bytes[r] = (int32_t)rows[r], d->region_chunk[r] = (int32_t)chunks[r], d->region_off[r] = offs[r];
   d->page_bytes = get_int(L, t, "page_bytes", 0, w);
   d->page_align = get_i32(L, t, "page_align", 1, w);
   d->token_align = get_i32(L, t, "token_align", 1, w);
@@ -237,6 +241,9 @@ static void push_desc(lua_State *L, const mla_layout_desc *d) {
   lua_createtable(L, nr, 0);
   for (int r = 0; r < nr; r++) lua_pushinteger(L, (lua_Integer)d->region_off[r]), lua_rawseti(L, -2, r + 1);
   lua_setfield(L, -2, "region_off");
+  lua_createtable(L, nr, 0);
+  for (int r = 0; r < nr; r++) lua_pushinteger(L, d->region_chunk[r]), lua_rawseti(L, -2, r + 1);
+  lua_setfield(L, -2, "region_chunk");
   set_int(L, "page_bytes", d->page_bytes), set_int(L, "page_align", d->page_align), set_int(L, "token_align", d->token_align);
   int nf = d->nfields >= 0 && d->nfields <= MLA_LAYOUT_MAX_FIELDS ? d->nfields : MLA_LAYOUT_MAX_FIELDS;
   lua_createtable(L, nf, 0);

@@ -56,6 +56,25 @@ static int check_aligned(const mla_layout_desc *d, int f, const char *what, int 
   if (region > 0 && (d->region_off[region] % align || d->region_row_bytes[region] % align))
     return mla_err("fields[%d]: %s is %s in region %d whose offset %lld or row size %d is not a multiple of %d", f,
                    what, dtname, region, (long long)d->region_off[region], d->region_row_bytes[region], align);
+  if (d->region_chunk[region] % align)
+    return mla_err("fields[%d]: %s is %s in region %d whose pieces of %d bytes are not a multiple of %d", f, what,
+                   dtname, region, d->region_chunk[region], align);
+  return 0;
+}
+
+/* In a chunked region every read unit (an 8-dim quantum, one scale, one
+ * padding byte) must lie inside one piece: readers load a unit from one
+ * address. Units of `unit` bytes from `lo`, `n` of them. */
+static int check_in_pieces(const mla_layout_desc *d, int f, const char *what, int region, int64_t lo, int64_t unit,
+                           int64_t n) {
+  const int64_t c = d->region_chunk[region];
+  if (c <= 0) return 0;
+  for (int64_t k = 0; k < n; k++) {
+    const int64_t a = lo + k * unit, b = a + unit - 1;
+    if (a / c != b / c)
+      return mla_err("fields[%d]: %s bytes [%lld, %lld) of region %d straddle its %lld-byte pieces (a reader loads them at once)",
+                     f, what, (long long)a, (long long)(b + 1), region, (long long)c);
+  }
   return 0;
 }
 
@@ -104,6 +123,7 @@ static int check_group(const mla_layout_desc *d, const mla_layout_field *fd, int
     return mla_err("fields[%d]: scales at bytes [%d, %lld) fall outside region %d's row of %lld bytes", f, fd->scale_off,
                    (long long)(fd->scale_off + n), fd->scale_region, (long long)row);
   if (check_aligned(d, f, "the scales", fd->scale_region, fd->scale_off, ss, dt_name(fd->scale_dtype))) return -1;
+  if (check_in_pieces(d, f, "scale", fd->scale_region, fd->scale_off, ss, fd->count / fd->group)) return -1;
   spans[(*ns)++] = (span){fd->scale_region, fd->scale_off, fd->scale_off + n, f, "scales"};
   return 0;
 }
@@ -140,6 +160,9 @@ static int check_field(const mla_layout_desc *d, int f, unsigned char *covered, 
     return mla_err("fields[%d]: %d x %s at bytes [%d, %lld) fall outside region %d's row of %lld bytes", f, fd->count,
                    dt_name(fd->dtype), fd->byte_off, (long long)(fd->byte_off + nb), fd->region, (long long)row);
   if (check_aligned(d, f, "the data", fd->region, fd->byte_off, elem_align(fd->dtype), dt_name(fd->dtype))) return -1;
+  if (check_in_pieces(d, f, "8-dim", fd->region, fd->byte_off, mla_layout_elem_bytes(fd->dtype, MLA_LAYOUT_DIM_QUANTUM),
+                      fd->count / MLA_LAYOUT_DIM_QUANTUM))
+    return -1;
   spans[(*ns)++] = (span){fd->region, fd->byte_off, fd->byte_off + nb, f, "data"};
   for (int i = fd->dim_lo; i < fd->dim_lo + fd->count; i++) {
     if (covered[i]) return mla_err("fields[%d]: dim %d is already stored by another field", f, i);
@@ -181,12 +204,21 @@ static int check_regions(const mla_layout_desc *d) {
   int64_t end = 0;
   for (int r = 0; r < MLA_LAYOUT_MAX_REGIONS; r++) {
     int64_t off = d->region_off[r], row = d->region_row_bytes[r];
+    int64_t c = d->region_chunk[r];
     if (r >= d->nregions) {
-      if (off || row) return mla_err("region_row_bytes[%d] / region_off[%d] must be 0 past nregions = %d", r, r, d->nregions);
+      if (off || row || c)
+        return mla_err("region_row_bytes[%d] / region_off[%d] / region_chunk[%d] must be 0 past nregions = %d", r, r, r,
+                       d->nregions);
       continue;
     }
     if (row < 1 || row > MLA_LAYOUT_MAX_ROW_BYTES)
       return mla_err("region_row_bytes[%d] = %lld must be in [1, %d]", r, (long long)row, MLA_LAYOUT_MAX_ROW_BYTES);
+    if (c < 0 || c >= row || (c && row % c))
+      return mla_err("region_chunk[%d] = %lld must be 0 (rows whole) or a divisor of the %lld-byte row below it", r,
+                     (long long)c, (long long)row);
+    if (r == 0 && c % d->token_align)
+      return mla_err("region_chunk[0] = %lld must keep token pieces at multiples of token_align = %d", (long long)c,
+                     d->token_align);
     if (off < 0 || off > MLA_LAYOUT_MAX_PAGE_BYTES)
       return mla_err("region_off[%d] = %lld is out of range [0, 2^42]", r, (long long)off);
     int64_t hi = off + row * d->block_size;
@@ -243,6 +275,9 @@ int mla_layout_check_view(const mla_layout_desc *d, const mla_cache_view *v, int
   int64_t row0 = d->region_row_bytes[0];
   if (v->token_stride < row0 || v->token_stride > MLA_LAYOUT_MAX_PAGE_BYTES)
     return mla_err("token stride %lld bytes is smaller than the layout's token row of %lld bytes",
+                   (long long)v->token_stride, (long long)row0);
+  if (d->region_chunk[0] > 0 && v->token_stride != row0)
+    return mla_err("token stride %lld bytes differs from the row of %lld bytes; a chunked layout fixes it (pass [pages, page_bytes])",
                    (long long)v->token_stride, (long long)row0);
   if (d->nregions > 1 && v->token_stride != row0)
     return mla_err("token stride %lld bytes differs from the row of %lld bytes; a page-split layout (%d regions) fixes it",

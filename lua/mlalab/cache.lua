@@ -214,8 +214,15 @@ function Cache:_allowed_ranges(page_base, allowed)
   local rs = {}
   for ri, reg in ipairs(self.layout.regions) do
     for t in pairs(allowed) do
-      local lo = page_base + offs[ri] + t * reg.row_bytes
-      rs[#rs + 1] = { lo, lo + reg.row_bytes }
+      if reg.chunk then -- a chunked region: the token's piece in each run of pieces
+        for j = 0, reg.row_bytes // reg.chunk - 1 do
+          local lo = page_base + offs[ri] + (j * self.block_size + t) * reg.chunk
+          rs[#rs + 1] = { lo, lo + reg.chunk }
+        end
+      else
+        local lo = page_base + offs[ri] + t * reg.row_bytes
+        rs[#rs + 1] = { lo, lo + reg.row_bytes }
+      end
     end
   end
   table.sort(rs, function(a, b) return a[1] < b[1] end)

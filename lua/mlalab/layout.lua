@@ -26,7 +26,11 @@
 --   Row items: "field", "field.scale", { pad = n } (bytes writers zero),
 --   { align = n } (zeroed padding up to a multiple of n), and any item as a
 --   table { "field", at = byte } to pin its offset. A region may set
---   `bytes` (its row size) and `align` (alignment of its start in the page).
+--   `bytes` (its row size), `align` (alignment of its start in the page) and
+--   `chunk` (bytes): rows cut into pieces of that many bytes, stored
+--   piece-major [row / chunk][block_size][chunk] (FlashMLA's page-blocked
+--   V3.2 cache: NoPE [32][B][16 B], scales [4][B]); every 8-dim quantum and
+--   every scale must then lie inside one piece.
 -- token_align: token rows (and the view's base) must start at multiples of it
 --   (default: the widest element). page_align: page strides are multiples of
 --   it; the page is padded up to it (default: token_align).
@@ -213,6 +217,12 @@ local function place_regions(spec, by_name, fail)
     if r.row_bytes < pos then fail("region '%s': bytes = %d is less than its items' %d bytes", r.name, r.row_bytes, pos) end
     if r.row_bytes == 0 then fail("region '%s' holds nothing", r.name) end
     r.start_align = rs.align and int_arg(rs.align, fail, string.format("region '%s' align", r.name), 1) or r.align
+    if rs.chunk ~= nil then
+      r.chunk = int_arg(rs.chunk, fail, string.format("region '%s' chunk", r.name), 1)
+      if r.chunk >= r.row_bytes or r.row_bytes % r.chunk ~= 0 then
+        fail("region '%s': chunk = %d must divide its %d-byte row and be smaller than it", r.name, r.chunk, r.row_bytes)
+      end
+    end
     regions[ri] = r
   end
   for name, f in pairs(by_name) do
@@ -277,14 +287,24 @@ end
 
 function Layout:page_bytes(bs) return (select(2, self:page_geometry(bs))) end
 
+--- Offset from a page's base of byte `b` of token `t`'s row in region `reg`
+-- (0-based) of a descriptor table `d` (L:desc or core.layout_unpack), with
+-- region 0's rows `token_stride` apart: layout_desc.h's mla_region_base and
+-- mla_region_step, for Lua-side readers.
+function M.region_offset(d, reg, t, b, token_stride)
+  local c = d.region_chunk and d.region_chunk[reg + 1] or 0
+  if c > 0 then return d.region_off[reg + 1] + b // c * c * d.block_size + t * c + b % c end
+  return d.region_off[reg + 1] + t * (reg == 0 and token_stride or d.region_row_bytes[reg + 1]) + b
+end
+
 local function build_desc(L, bs)
   local offs, page_bytes = L:page_geometry(bs)
   local d = { name = L.name, dim = L.dim, k_dims = L.k_dims, v_dims = L.v_dims, block_size = bs,
     page_bytes = page_bytes, page_align = L.page_align, token_align = L.token_align,
-    region_row_bytes = {}, region_off = {}, fields = {} }
+    region_row_bytes = {}, region_chunk = {}, region_off = {}, fields = {} }
   local where, pads = {}, {}
   for i, r in ipairs(L.regions) do
-    d.region_row_bytes[i], d.region_off[i] = r.row_bytes, offs[i]
+    d.region_row_bytes[i], d.region_chunk[i], d.region_off[i] = r.row_bytes, r.chunk or 0, offs[i]
     for _, it in ipairs(r.items) do
       if it.kind == "pad" then pads[#pads + 1] = { it, r.index } else where[it.name] = { it, r.index } end
     end
@@ -343,6 +363,13 @@ function Layout:packed(block_size)
     self._packed[block_size] = s
   end
   return s
+end
+
+--- true if a region stores its rows in pieces (regions' `chunk`): only the
+-- generic kernels take such a layout, the specialized ones address whole rows.
+function Layout:chunked()
+  for _, r in ipairs(self.regions) do if r.chunk then return true end end
+  return false
 end
 
 --- true if a field uses the per-tensor scale (a cache then keeps one per layer).

@@ -71,6 +71,23 @@ return {
     "FlashMLA V3.2, 656 B/token: 512 e4m3, 4 f32 scales 2^ceil(log2(max(a/448, 1e-4))) per 128, 64 bf16 RoPE [3.3]"),
   fp8_ds_mla("fp8_ds_mla_amax", "amax", FLT_MIN,
     "V3.2 bytes with raw f32 scales max(a/448, FLT_MIN) (vLLM's writer before #49435, FlashMLA before #150) [3.3]"),
+  {
+    name = "fp8_ds_mla_blocked",
+    doc = "FlashMLA V3.2 dense page-blocked, 656 B/token: a page holds NoPE as [32][B][16 B] e4m3, f32 scales [4][B] (as fp8_ds_mla's), then RoPE [B][64] bf16 [3.5]",
+    upstream = "FlashMLA V32_FP8 dense page-blocked cache (PR #221)",
+    fields = {
+      { "nope", "e4m3", 512, scale = { dtype = "f32", group = 128, policy = "pow2", eps = 1e-4 } },
+      { "rope", "bf16", 64 },
+    },
+    regions = {
+      { name = "nope", row = { "nope" }, chunk = 16 },
+      { name = "scales", row = { "nope.scale" }, chunk = 4 },
+      { name = "rope", row = { "rope" } },
+    },
+    v_dims = 512,
+    token_align = 16,
+    page_align = 16,
+  },
   fp8_v4("fp8_v4", "scale",
     "DeepSeek V4, 584 B/token page-split: rows of 448 e4m3 + 64 bf16 RoPE, then 7 ue8m0 scales per 64 + 1 zero byte; pages padded to 576 B multiples [3.4]"),
   fp8_v4("fp8_v4_vllm", "amax",

@@ -45,7 +45,12 @@ function M.text(L, bs)
   local pos = 0
   for i, r in ipairs(L.regions) do
     if offs[i] > pos then add("    [%7d, %7d)  alignment gap", pos, offs[i]) end
-    add("    [%7d, %7d)  %-8s %d x %d B", offs[i], offs[i] + r.row_bytes * bs, r.name, bs, r.row_bytes)
+    if r.chunk then
+      add("    [%7d, %7d)  %-8s %d pieces x %d x %d B (piece j of token t at +%d j + %d t)", offs[i], offs[i] + r.row_bytes * bs,
+        r.name, r.row_bytes // r.chunk, bs, r.chunk, r.chunk * bs, r.chunk)
+    else
+      add("    [%7d, %7d)  %-8s %d x %d B", offs[i], offs[i] + r.row_bytes * bs, r.name, bs, r.row_bytes)
+    end
     pos = offs[i] + r.row_bytes * bs
   end
   if page_bytes > used then add("    [%7d, %7d)  padding to a multiple of %d", used, page_bytes, L.page_align) end
@@ -61,7 +66,13 @@ function M.locate(L, byte, bs)
   for i, r in ipairs(L.regions) do
     local lo = offs[i]
     if byte >= lo and byte < lo + r.row_bytes * bs then
-      local t, b = (byte - lo) // r.row_bytes, (byte - lo) % r.row_bytes
+      local t, b
+      if r.chunk then -- piece-major: [row / chunk][bs][chunk]
+        local rel = byte - lo
+        t, b = rel % (r.chunk * bs) // r.chunk, rel // (r.chunk * bs) * r.chunk + rel % r.chunk
+      else
+        t, b = (byte - lo) // r.row_bytes, (byte - lo) % r.row_bytes
+      end
       for _, it in ipairs(r.items) do
         if b >= it.off and b < it.off + it.bytes then
           local res = { region = r.name, token = t, item = it.name, kind = it.kind, offset = b - it.off }

@@ -99,16 +99,14 @@ function M.worst_step_ratio(L, pages, x, slots, opts)
   for r, slot in ipairs(sl) do
     if slot >= 0 then
       local t = slot % bs
-      local function row(reg)
-        return (slot // bs) * stride + d.region_off[reg + 1] + t * (reg == 0 and token_stride or d.region_row_bytes[reg + 1])
-      end
+      local function at(reg, b) return (slot // bs) * stride + layout.region_offset(d, reg, t, b, token_stride) end
       for _, f in ipairs(d.fields) do
         if f.role == "data" then
           for e = 0, f.count - 1 do
             local s = 1
             if f.scale_kind == "tensor" then s = ts
             elseif f.scale_kind == "group" then
-              s = decode_scale(f.scale_dtype, bytes, row(f.scale_region) + f.scale_off + (e // f.group) * SCALE_BYTES[f.scale_dtype])
+              s = decode_scale(f.scale_dtype, bytes, at(f.scale_region, f.scale_off + (e // f.group) * SCALE_BYTES[f.scale_dtype]))
             end
             local dim = f.dim_lo + e
             local xv, yv = x:get({ r - 1, dim }), y:get({ r - 1, dim })

@@ -24,6 +24,7 @@ int64_t round16(int64_t x) { return (x + 15) / 16 * 16; }
 // contiguously in region 0 (one field or several, e.g. NoPE then RoPE), with
 // 16-byte aligned rows everywhere: then tiles are plain copies. Else -1.
 int identity_offset(const mla_layout_desc &d, const mla_cache_view &v, int dqk) {
+  if (d.region_chunk[0] > 0) return -1; // rows in pieces: staged
   int64_t off0 = -1;
   for (int c = 0; c < dqk; c += 8) {
     int f = -1;
@@ -43,12 +44,14 @@ int identity_offset(const mla_layout_desc &d, const mla_cache_view &v, int dqk) 
   return (int)off0;
 }
 
-// Largest cp.async size (16, 8, 4) every token row of a region allows; 1 = byte copies.
+// Largest cp.async size (16, 8, 4) every token row (a chunked region: every
+// piece) of a region allows; 1 = byte copies.
 int region_granularity(const mla_layout_desc &d, const mla_cache_view &v, int r) {
   const uintptr_t a = (uintptr_t)v.base + (uintptr_t)d.region_off[r];
-  const int64_t rs = r == 0 ? v.token_stride : d.region_row_bytes[r];
+  const int64_t step = mla_region_step(&d, r), rs = step ? step : v.token_stride;
+  const int64_t run = d.region_chunk[r] > 0 ? d.region_chunk[r] : d.region_row_bytes[r];
   for (int g = 16; g >= 4; g /= 2)
-    if (a % g == 0 && v.page_stride % g == 0 && rs % g == 0 && d.region_row_bytes[r] % g == 0) return g;
+    if (a % g == 0 && v.page_stride % g == 0 && rs % g == 0 && run % g == 0) return g;
   return 1;
 }
 

@@ -115,6 +115,23 @@ __device__ __forceinline__ void copy_row(uint32_t dst, const unsigned char *src,
   }
 }
 
+// Region r's row of token `off` from a chunked page, in row order: units u =
+// j, j + 8, ... of gran bytes (gran divides the piece), each from its piece
+// (layout_desc.h, mla_region_base); a missing key (!ok) gives zeros.
+__device__ __forceinline__ void stage_pieces(const params &p, int r, const unsigned char *page_base, int64_t off,
+                                             unsigned char *dst, int j, bool ok) {
+  const int gran = p.reg_gran[r], n = p.reg_bytes[r] / gran;
+  for (int u = j; u < n; u += 8) {
+    const int64_t b = (int64_t)u * gran;
+    const unsigned char *src = ok ? page_base + mla_region_base(&p.d, r, b) + off * p.d.region_chunk[r] : p.v.base;
+    const uint32_t sd = mla::smem_addr(dst + b);
+    if (gran == 16) mla::cp_async16(sd, src, ok ? 16 : 0);
+    else if (gran == 8) mla::cp_async8(sd, src, ok ? 8 : 0);
+    else if (gran == 4) mla::cp_async4(sd, src, ok ? 4 : 0);
+    else dst[b] = ok ? *src : 0;
+  }
+}
+
 // Starts the copies of one tile into a stage; missing keys become zero rows
 // (never stale data: a NaN left in shared memory would survive 0 * NaN in P V).
 // Eight threads share a token row, so each warp instruction moves whole lines
@@ -137,9 +154,13 @@ __device__ __forceinline__ void issue_tile(const params &p, unsigned char *stage
     }
     for (int r = 0; r < p.d.nregions; r++) {
       const int gran = p.reg_gran[r];
+      unsigned char *dst = stage + n * p.stage_pitch + p.reg_stage_off[r];
+      if (p.d.region_chunk[r] > 0) {
+        stage_pieces(p, r, page_base, of[n], dst, j, ok);
+        continue;
+      }
       const int64_t rstride = r == 0 ? p.v.token_stride : (int64_t)p.d.region_row_bytes[r];
       const unsigned char *row = ok ? page_base + p.d.region_off[r] + (int64_t)of[n] * rstride : base;
-      unsigned char *dst = stage + n * p.stage_pitch + p.reg_stage_off[r];
       switch (gran) {
       case 16: copy_row<16>(mla::smem_addr(dst), row, p.reg_bytes[r] / 16, j, ok); break;
       case 8: copy_row<8>(mla::smem_addr(dst), row, p.reg_bytes[r] / 8, j, ok); break;

@@ -113,9 +113,13 @@ __device__ __forceinline__ void issue_key(const params &p, unsigned char *kt, un
     return;
   }
   for (int r = 0; r < p.d.nregions; r++) {
+    unsigned char *dst = stage + n * p.stage_pitch + p.reg_stage_off[r];
+    if (p.d.region_chunk[r] > 0) {
+      stage_pieces(p, r, page_base, off, dst, j, ok);
+      continue;
+    }
     const int64_t rstride = r == 0 ? p.v.token_stride : (int64_t)p.d.region_row_bytes[r];
     const unsigned char *row = ok ? page_base + p.d.region_off[r] + (int64_t)off * rstride : base;
-    unsigned char *dst = stage + n * p.stage_pitch + p.reg_stage_off[r];
     const int bytes = p.reg_bytes[r];
     switch (p.reg_gran[r]) {
     case 16:

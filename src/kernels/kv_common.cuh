@@ -141,9 +141,11 @@ __device__ __forceinline__ const unsigned char *shfl_ptr(const unsigned char *p,
 // ---- staging token rows in shared memory (cp.async) ----
 //
 // A token's row of every region is copied to a "stage": region r at stage
-// offset soff[r] (16-byte aligned). The copy width of a region is the largest
-// of 16, 8, 4 that the view's base, page stride, row stride, region offset
-// and row length allow (1: plain byte copies, e.g. an odd-strided view).
+// offset soff[r] (16-byte aligned), in row order (a chunked region's pieces
+// put back together). The copy width of a region is the largest of 16, 8, 4
+// that the view's base, page stride, row stride, region offset and row length
+// (a chunked region: its piece) allow (1: plain byte copies, e.g. an
+// odd-strided view).
 struct stage_geom {
   int nregions;
   int pitch; // bytes of one staged token (multiple of 16)
@@ -165,8 +167,9 @@ inline stage_geom make_stage_geom(const mla_layout_desc &d, const mla_cache_view
   for (int r = 0; r < d.nregions && r < MLA_LAYOUT_MAX_REGIONS; r++) {
     g.bytes[r] = d.region_row_bytes[r];
     g.soff[r] = off;
-    g.gran[r] = copy_granularity((uintptr_t)v.base + (uintptr_t)d.region_off[r], v.page_stride,
-                                 r == 0 ? v.token_stride : (int64_t)d.region_row_bytes[r], d.region_row_bytes[r]);
+    const int64_t step = mla_region_step(&d, r);
+    g.gran[r] = copy_granularity((uintptr_t)v.base + (uintptr_t)d.region_off[r], v.page_stride, step ? step : v.token_stride,
+                                 d.region_chunk[r] > 0 ? d.region_chunk[r] : d.region_row_bytes[r]);
     off += (d.region_row_bytes[r] + 15) / 16 * 16;
   }
   g.pitch = off > 0 ? off : 16;
@@ -179,11 +182,22 @@ inline stage_geom make_stage_geom(const mla_layout_desc &d, const mla_cache_view
 __device__ __forceinline__ void stage_token(const mla_layout_desc &d, const mla_cache_view &v, const stage_geom &g,
                                             const unsigned char *page, int64_t t, unsigned char *stage, int lane) {
   for (int r = 0; r < g.nregions; r++) {
-    const int64_t rs = r == 0 ? v.token_stride : (int64_t)g.bytes[r];
-    const unsigned char *row = page + d.region_off[r] + t * rs;
     unsigned char *dst = stage + g.soff[r];
     const uint32_t sd = mla::smem_addr(dst);
     const int n = g.bytes[r];
+    if (d.region_chunk[r] > 0) { // a chunked region: each gran-byte unit from its piece
+      const int gr = g.gran[r], c = d.region_chunk[r];
+      for (int i = lane; i < n / gr; i += 32) {
+        const unsigned char *src = page + mla_region_base(&d, r, (int64_t)i * gr) + t * c;
+        if (gr == 16) mla::cp_async16(sd + 16 * i, src, 16);
+        else if (gr == 8) mla::cp_async8(sd + 8 * i, src, 8);
+        else if (gr == 4) mla::cp_async4(sd + 4 * i, src, 4);
+        else dst[i] = *src;
+      }
+      continue;
+    }
+    const int64_t rs = r == 0 ? v.token_stride : (int64_t)g.bytes[r];
+    const unsigned char *row = page + d.region_off[r] + t * rs;
     switch (g.gran[r]) {
     case 16:
       for (int i = lane; i < n / 16; i += 32) mla::cp_async16(sd + 16 * i, row + 16 * i, 16);
@@ -225,10 +239,12 @@ __device__ __forceinline__ stage_chunk make_stage_chunk(const mla_layout_desc &d
   k.src = 0, k.ssrc = -1, k.kind = SK_ZERO, k.dtype = P.dtype, k.sdtype = P.scale_dtype, k.smode = SM_NONE;
   if (P.field < 0) return k;
   const mla_layout_field &fd = d.fields[P.field];
-  k.src = (int16_t)(g.soff[fd.region] + (P.data_base - d.region_off[fd.region]));
+  // stages hold rows in row order: the chunk's byte in its row, not its place in a chunked page
+  const int e = 8 * c - fd.dim_lo;
+  k.src = (int16_t)(g.soff[fd.region] + fd.byte_off + mla::elem_bytes8(fd.dtype, e));
   if (P.scale_kind == MLA_SCALE_TENSOR) k.ssrc = -2;
   else if (P.scale_kind == MLA_SCALE_GROUP)
-    k.ssrc = (int16_t)(g.soff[fd.scale_region] + (P.scale_base - d.region_off[fd.scale_region]));
+    k.ssrc = (int16_t)(g.soff[fd.scale_region] + fd.scale_off + (e / fd.group) * mla_scale_size(fd.scale_dtype));
   const bool scale_ok = k.ssrc < 0 || k.sdtype == MLA_UE8M0 || k.sdtype == MLA_E4M3 ||
                         (k.sdtype == MLA_F32 && k.ssrc % 4 == 0) || (k.sdtype == MLA_BF16 && k.ssrc % 2 == 0);
   if (P.dtype == MLA_BF16 && P.scale_kind == MLA_SCALE_NONE && k.src % 16 == 0) k.kind = SK_COPY;

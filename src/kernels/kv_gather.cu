@@ -242,7 +242,21 @@ __global__ void __launch_bounds__(kThreads, 4) gather_raw_kernel(const __grid_co
       const int64_t rs = r == 0 ? v.token_stride : (int64_t)rb;
       const int64_t roff = d.region_off[r];
       const int G = out.gran[r], per_tok = rb / (G > 1 ? G : 1);
-      if (G > 1 && per_tok <= 32 && (per_tok & (per_tok - 1)) == 0) {
+      if (d.region_chunk[r] > 0) { // a chunked region, row by row: each G-byte unit from its piece, in row order
+        for (int k = 0; k < nb; k++) {
+          const unsigned char *p = shfl_ptr(pg, k);
+          const int t = __shfl_sync(0xffffffffu, tt, k);
+          if (!p) continue;
+          unsigned char *orow = out.p[r] + R.at(kb + k) * out.stride[r];
+          for (int i = lane; i < per_tok; i += 32) {
+            const unsigned char *src = p + mla_region_base(&d, r, (int64_t)i * (G > 1 ? G : 1)) + (int64_t)t * d.region_chunk[r];
+            if (G == 16) reinterpret_cast<uint4 *>(orow)[i] = *reinterpret_cast<const uint4 *>(src);
+            else if (G == 8) reinterpret_cast<uint2 *>(orow)[i] = *reinterpret_cast<const uint2 *>(src);
+            else if (G == 4) reinterpret_cast<uint32_t *>(orow)[i] = *reinterpret_cast<const uint32_t *>(src);
+            else orow[i] = *src;
+          }
+        }
+      } else if (G > 1 && per_tok <= 32 && (per_tok & (per_tok - 1)) == 0) {
         if (G == 16) copy_region_batch<16>(pg, tt, nb, R, kb, roff, rs, per_tok, out.p[r], out.stride[r], lane);
         else if (G == 8) copy_region_batch<8>(pg, tt, nb, R, kb, roff, rs, per_tok, out.p[r], out.stride[r], lane);
         else copy_region_batch<4>(pg, tt, nb, R, kb, roff, rs, per_tok, out.p[r], out.stride[r], lane);
@@ -527,9 +541,10 @@ extern "C" cudaError_t mla_cuda_kv_gather_raw(const mla_kv_cache *c, const mla_k
   RawOut o = {};
   for (int r = 0; r < c->desc.nregions; r++) {
     o.p[r] = out[r], o.stride[r] = out_stride[r];
+    const int64_t step = mla_region_step(&c->desc, r);
     const int gs = copy_granularity((uintptr_t)c->view.base + (uintptr_t)c->desc.region_off[r], c->view.page_stride,
-                                    r == 0 ? c->view.token_stride : (int64_t)c->desc.region_row_bytes[r],
-                                    c->desc.region_row_bytes[r]);
+                                    step ? step : c->view.token_stride,
+                                    c->desc.region_chunk[r] > 0 ? c->desc.region_chunk[r] : c->desc.region_row_bytes[r]);
     const int gd = copy_granularity((uintptr_t)out[r], out_stride[r], out_stride[r], c->desc.region_row_bytes[r]);
     o.gran[r] = gs < gd ? gs : gd;
   }

@@ -111,16 +111,7 @@ __global__ void __launch_bounds__(kThreads, 3) requant_kernel(const __grid_const
       }
     };
     for (int c = lane; c < nchunks; c += 32) one(dplan[c], load_stage_chunk(splan + c));
-    if (lane == 0) {
-      for (int f = 0; f < dd.nfields; f++) {
-        const mla_layout_field &fd = dd.fields[f];
-        if (fd.role != MLA_FIELD_PAD) continue;
-        unsigned char *p = (unsigned char *)mla::chunk_ptr(dp, dd.region_off[fd.region] + fd.byte_off,
-                                                           fd.region == 0 ? 0 : dd.region_row_bytes[fd.region], t,
-                                                           dv.token_stride);
-        for (int k2 = 0; k2 < fd.count; k2++) p[k2] = 0;
-      }
-    }
+    if (lane == 0) mla::zero_pads(dd, dp, t, dv.token_stride);
     __syncwarp();
   }
   mla::cp_async_wait<0>();

@@ -288,16 +288,7 @@ __global__ void __launch_bounds__(kThreads, 4) write_kernel(const __grid_constan
         else if (P.scale_kind == MLA_SCALE_TENSOR) mla::divide8(tdiv, x);
         mla::store_chunk(P.dtype, dst, x);
       }
-      if (sub == 0) { // padding bytes are written as zeros
-        for (int f = 0; f < d.nfields; f++) {
-          const mla_layout_field &fd = d.fields[f];
-          if (fd.role != MLA_FIELD_PAD) continue;
-          unsigned char *p = (unsigned char *)mla::chunk_ptr(pg, d.region_off[fd.region] + fd.byte_off,
-                                                             fd.region == 0 ? 0 : d.region_row_bytes[fd.region], t,
-                                                             v.token_stride);
-          for (int k2 = 0; k2 < fd.count; k2++) p[k2] = 0;
-        }
-      }
+      if (sub == 0) mla::zero_pads(d, pg, t, v.token_stride); // padding bytes are written as zeros
     }
     __syncwarp(); // the stage and the amax slots are refilled next
   }

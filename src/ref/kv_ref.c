@@ -117,11 +117,10 @@ int mla_ref_kv_gather_pages(const mla_kv_cache *c, const mla_kv_ivec *pages, con
   return 0;
 }
 
-/* Start of token t's row in region r of page `page` (as layout_ref.c). */
-static unsigned char *region_row(const mla_kv_cache *c, int64_t page, int64_t t, int r) {
-  const mla_layout_desc *d = &c->desc;
-  unsigned char *p = c->view.base + page * c->view.page_stride + d->region_off[r];
-  return p + t * (r == 0 ? c->view.token_stride : (int64_t)d->region_row_bytes[r]);
+/* Byte b of token t's row in region r of page `page` (layout_desc.h: mla_region_base). */
+static unsigned char *region_byte(const mla_kv_cache *c, int64_t page, int64_t t, int r, int64_t b) {
+  const int64_t step = mla_region_step(&c->desc, r);
+  return c->view.base + page * c->view.page_stride + mla_region_base(&c->desc, r, b) + t * (step ? step : c->view.token_stride);
 }
 
 int mla_ref_kv_gather_raw(const mla_kv_cache *c, const mla_kv_dense *g, unsigned char *const *out,
@@ -133,8 +132,11 @@ int mla_ref_kv_gather_raw(const mla_kv_cache *c, const mla_kv_dense *g, unsigned
     int rc = locate_dense(c, g, row, &slot);
     if (rc < 0) return -1;
     if (!rc) continue;
-    for (int r = 0; r < c->desc.nregions; r++)
-      memcpy(out[r] + row * out_stride[r], region_row(c, slot / bs, slot % bs, r), (size_t)c->desc.region_row_bytes[r]);
+    for (int r = 0; r < c->desc.nregions; r++) { /* in row order: a chunked region's pieces put back together */
+      const int64_t n = c->desc.region_row_bytes[r], piece = c->desc.region_chunk[r] > 0 ? c->desc.region_chunk[r] : n;
+      for (int64_t b = 0; b < n; b += piece)
+        memcpy(out[r] + row * out_stride[r] + b, region_byte(c, slot / bs, slot % bs, r, b), (size_t)piece);
+    }
   }
   return 0;
 }
@@ -159,24 +161,27 @@ int mla_ref_kv_requant(const mla_kv_cache *src, const mla_kv_cache *dst) {
       mla_ref_dequant_token(sd, &src->view, page * bs + t, row);
       for (int f = 0; f < dd->nfields; f++) {
         const mla_layout_field *fd = &dd->fields[f];
-        unsigned char *drow = region_row(dst, page, t, fd->region) + fd->byte_off;
         if (fd->role == MLA_FIELD_PAD) {
-          memset(drow, 0, (size_t)fd->count);
+          for (int i = 0; i < fd->count; i++) *region_byte(dst, page, t, fd->region, fd->byte_off + i) = 0;
           continue;
         }
+        /* 8 dims at a time: each lies inside one piece of a chunked region (layout_check) */
         for (int c0 = fd->dim_lo; c0 < fd->dim_lo + fd->count; c0 += 8) {
           int64_t e = c0 - fd->dim_lo;
+          unsigned char *dq = region_byte(dst, page, t, fd->region, fd->byte_off + mla_layout_elem_bytes(fd->dtype, e));
           if (fd->scale_kind != MLA_SCALE_GROUP) { /* bf16 (checked): the dequantized value */
-            for (int i = 0; i < 8; i++) ((uint16_t *)drow)[e + i] = mla_float_to_bf16(row[c0 + i]);
+            for (int i = 0; i < 8; i++) {
+              uint16_t h = mla_float_to_bf16(row[c0 + i]);
+              memcpy(dq + 2 * i, &h, 2);
+            }
             continue;
           }
           const mla_layout_field *fs = field_of(sd, c0);
-          const unsigned char *srow = region_row(src, page, t, fs->region) + fs->byte_off;
-          memcpy(drow + mla_layout_elem_bytes(fd->dtype, e), srow + mla_layout_elem_bytes(fs->dtype, c0 - fs->dim_lo),
+          memcpy(dq, region_byte(src, page, t, fs->region, fs->byte_off + mla_layout_elem_bytes(fs->dtype, c0 - fs->dim_lo)),
                  (size_t)mla_layout_elem_bytes(fd->dtype, 8));
           if (e % fd->group == 0) {
             float s = fs->scale_kind == MLA_SCALE_TENSOR ? ts : 1.0f;
-            memcpy(region_row(dst, page, t, fd->scale_region) + fd->scale_off + (e / fd->group) * 4, &s, 4);
+            memcpy(region_byte(dst, page, t, fd->scale_region, fd->scale_off + (e / fd->group) * 4), &s, 4);
           }
         }
       }

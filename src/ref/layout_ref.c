@@ -7,10 +7,21 @@
 #include "mla/quant_math.h"
 #include "mla_error.h"
 
-static unsigned char *token_row(const mla_layout_desc *d, const mla_cache_view *v, int64_t slot, int r) {
-  int64_t page = slot / d->block_size, t = slot % d->block_size;
-  unsigned char *p = v->base + page * v->page_stride + d->region_off[r];
-  return r == 0 ? p + t * v->token_stride : p + t * (int64_t)d->region_row_bytes[r];
+/* Byte b of the slot's row in region r (layout_desc.h: mla_region_base). */
+static unsigned char *row_byte(const mla_layout_desc *d, const mla_cache_view *v, int64_t slot, int r, int64_t b) {
+  int64_t page = slot / d->block_size, t = slot % d->block_size, step = mla_region_step(d, r);
+  return v->base + page * v->page_stride + mla_region_base(d, r, b) + t * (step ? step : v->token_stride);
+}
+
+/* Element e of a field as (pointer, index) for mla_load/store_double: the
+ * field's row start and e where the region is whole, else the element's own
+ * byte (e2m1: the nibble's byte and e % 2) in its piece. */
+static unsigned char *elem_at(const mla_layout_desc *d, const mla_cache_view *v, int64_t slot, const mla_layout_field *fd,
+                              unsigned char *row, int64_t e, int64_t *idx) {
+  if (d->region_chunk[fd->region] <= 0) return *idx = e, row;
+  if (fd->dtype == MLA_E2M1) return *idx = e & 1, row_byte(d, v, slot, fd->region, fd->byte_off + e / 2);
+  *idx = 0;
+  return row_byte(d, v, slot, fd->region, fd->byte_off + e * mla_dtype_size((mla_dtype)fd->dtype));
 }
 
 static float tensor_scale(const mla_cache_view *v) { return v->tensor_scale ? *v->tensor_scale : 1.0f; }
@@ -36,29 +47,33 @@ static void encode_elem(mla_dtype dt, unsigned char *row, int64_t i, float v) {
 void mla_ref_quantize_token(const mla_layout_desc *d, const mla_cache_view *v, int64_t slot, const float *x) {
   for (int f = 0; f < d->nfields; f++) {
     const mla_layout_field *fd = &d->fields[f];
-    unsigned char *row = token_row(d, v, slot, fd->region) + fd->byte_off;
+    unsigned char *row = row_byte(d, v, slot, fd->region, fd->byte_off);
     if (fd->role == MLA_FIELD_PAD) {
-      memset(row, 0, (size_t)fd->count);
+      for (int i = 0; i < fd->count; i++) *row_byte(d, v, slot, fd->region, fd->byte_off + i) = 0;
       continue;
     }
     const float *xs = x + fd->dim_lo;
     mla_dtype dt = (mla_dtype)fd->dtype;
     if (fd->scale_kind == MLA_SCALE_GROUP) {
-      unsigned char *srow = token_row(d, v, slot, fd->scale_region) + fd->scale_off;
       for (int g = 0; g < fd->count / fd->group; g++) {
         float amax = 0.0f, dec;
         for (int i = 0; i < fd->group; i++) amax = mla_amax_update(amax, xs[g * fd->group + i]);
         uint32_t code = mla_encode_scale(fd->scale_dtype, mla_group_scale_value(fd, amax), &dec);
-        store_scale(srow + (int64_t)g * mla_scale_size(fd->scale_dtype), fd->scale_dtype, code);
+        store_scale(row_byte(d, v, slot, fd->scale_region, fd->scale_off + (int64_t)g * mla_scale_size(fd->scale_dtype)),
+                    fd->scale_dtype, code);
         for (int i = 0; i < fd->group; i++) {
-          int64_t e = (int64_t)g * fd->group + i;
-          encode_elem(dt, row, e, MLA_FDIV(xs[e], dec));
+          int64_t e = (int64_t)g * fd->group + i, k;
+          unsigned char *p = elem_at(d, v, slot, fd, row, e, &k);
+          encode_elem(dt, p, k, MLA_FDIV(xs[e], dec));
         }
       }
     } else {
       float s = fd->scale_kind == MLA_SCALE_TENSOR ? tensor_scale(v) : 1.0f;
-      for (int64_t e = 0; e < fd->count; e++)
-        encode_elem(dt, row, e, fd->scale_kind == MLA_SCALE_TENSOR ? MLA_FDIV(xs[e], s) : xs[e]);
+      for (int64_t e = 0; e < fd->count; e++) {
+        int64_t k;
+        unsigned char *p = elem_at(d, v, slot, fd, row, e, &k);
+        encode_elem(dt, p, k, fd->scale_kind == MLA_SCALE_TENSOR ? MLA_FDIV(xs[e], s) : xs[e]);
+      }
     }
   }
 }
@@ -67,16 +82,16 @@ void mla_ref_dequant_token(const mla_layout_desc *d, const mla_cache_view *v, in
   for (int f = 0; f < d->nfields; f++) {
     const mla_layout_field *fd = &d->fields[f];
     if (fd->role != MLA_FIELD_DATA) continue;
-    const unsigned char *row = token_row(d, v, slot, fd->region) + fd->byte_off;
-    const unsigned char *srow = fd->scale_kind == MLA_SCALE_GROUP ? token_row(d, v, slot, fd->scale_region) + fd->scale_off : NULL;
+    unsigned char *row = row_byte(d, v, slot, fd->region, fd->byte_off);
     float ts = tensor_scale(v);
+    float s = fd->scale_kind == MLA_SCALE_TENSOR ? ts : 1.0f;
     for (int64_t e = 0; e < fd->count; e++) {
-      float q = (float)mla_load_double((mla_dtype)fd->dtype, row, e);
-      float s = 1.0f;
-      if (fd->scale_kind == MLA_SCALE_TENSOR) s = ts;
-      else if (srow) {
-        int64_t g = e / fd->group;
-        s = mla_decode_scale(fd->scale_dtype, load_scale(srow + g * mla_scale_size(fd->scale_dtype), fd->scale_dtype));
+      int64_t k;
+      const unsigned char *p = elem_at(d, v, slot, fd, row, e, &k);
+      float q = (float)mla_load_double((mla_dtype)fd->dtype, p, k);
+      if (fd->scale_kind == MLA_SCALE_GROUP && e % fd->group == 0) {
+        int64_t g = e / fd->group, ss = mla_scale_size(fd->scale_dtype);
+        s = mla_decode_scale(fd->scale_dtype, load_scale(row_byte(d, v, slot, fd->scale_region, fd->scale_off + g * ss), fd->scale_dtype));
       }
       out[fd->dim_lo + e] = fd->scale_kind == MLA_SCALE_NONE ? q : q * s;
     }

@@ -2,8 +2,10 @@
  * spec/layout_header_spec.lua fails when this file is stale.
  *
  * MLA_BUILTIN_DESC_<name> is the aggregate initializer of the mla_layout_desc of a built-in layout at
- * block_size 64; MLA_BUILTIN_LAYOUTS(X) expands X(name, initializer) for each. Baked kernels instantiate
- * constexpr-specialized variants from these and select one when the runtime descriptor equals it. */
+ * block_size 64; MLA_BUILTIN_LAYOUTS(X) expands X(name, initializer) for each whose rows are whole (no
+ * chunked region: the specialized kernels address whole token rows; chunked built-ins run the generic
+ * kernels). Baked kernels instantiate constexpr-specialized variants from these and select one when the
+ * runtime descriptor equals it. */
 #ifndef MLA_BUILTIN_LAYOUTS_H
 #define MLA_BUILTIN_LAYOUTS_H
 #include "dtype_ids.h"
@@ -16,6 +18,7 @@
       /* dim */ 576, /* k_dims */ 576, /* v_dims */ 512, \
       /* nfields */ 2, /* nregions */ 1, /* block_size */ 64, \
       /* region_row_bytes */ {1152, 0, 0, 0}, \
+      /* region_chunk */ {0, 0, 0, 0}, \
       /* region_off */ {0LL, 0LL, 0LL, 0LL}, \
       /* page_bytes */ 73728LL, /* page_align */ 16, /* token_align */ 16, \
       /* fields */ { \
@@ -32,6 +35,7 @@
       /* dim */ 576, /* k_dims */ 576, /* v_dims */ 512, \
       /* nfields */ 2, /* nregions */ 1, /* block_size */ 64, \
       /* region_row_bytes */ {576, 0, 0, 0}, \
+      /* region_chunk */ {0, 0, 0, 0}, \
       /* region_off */ {0LL, 0LL, 0LL, 0LL}, \
       /* page_bytes */ 36864LL, /* page_align */ 16, /* token_align */ 16, \
       /* fields */ { \
@@ -48,6 +52,7 @@
       /* dim */ 576, /* k_dims */ 576, /* v_dims */ 512, \
       /* nfields */ 2, /* nregions */ 1, /* block_size */ 64, \
       /* region_row_bytes */ {656, 0, 0, 0}, \
+      /* region_chunk */ {0, 0, 0, 0}, \
       /* region_off */ {0LL, 0LL, 0LL, 0LL}, \
       /* page_bytes */ 41984LL, /* page_align */ 16, /* token_align */ 16, \
       /* fields */ { \
@@ -64,6 +69,7 @@
       /* dim */ 576, /* k_dims */ 576, /* v_dims */ 512, \
       /* nfields */ 2, /* nregions */ 1, /* block_size */ 64, \
       /* region_row_bytes */ {656, 0, 0, 0}, \
+      /* region_chunk */ {0, 0, 0, 0}, \
       /* region_off */ {0LL, 0LL, 0LL, 0LL}, \
       /* page_bytes */ 41984LL, /* page_align */ 16, /* token_align */ 16, \
       /* fields */ { \
@@ -75,11 +81,29 @@
           /* qmax */ 0.0f, /* eps */ 0.0f, /* scale_min */ 0.0f, /* scale_max */ 0.0f}, \
       }}
 
+/* FlashMLA V3.2 dense page-blocked, 656 B/token: a page holds NoPE as [32][B][16 B] e4m3, f32 scales [4][B] (as fp8_ds_mla's), then RoPE [B][64] bf16 [3.5] */
+#define MLA_BUILTIN_DESC_fp8_ds_mla_blocked { \
+      /* dim */ 576, /* k_dims */ 576, /* v_dims */ 512, \
+      /* nfields */ 2, /* nregions */ 3, /* block_size */ 64, \
+      /* region_row_bytes */ {512, 16, 128, 0}, \
+      /* region_chunk */ {16, 4, 0, 0}, \
+      /* region_off */ {0LL, 32768LL, 33792LL, 0LL}, \
+      /* page_bytes */ 41984LL, /* page_align */ 16, /* token_align */ 16, \
+      /* fields */ { \
+        /* [0] nope */ {MLA_FIELD_DATA, MLA_E4M3, /* dim_lo */ 0, /* count */ 512, /* region */ 0, /* byte_off */ 0, \
+          MLA_SCALE_GROUP, /* group */ 128, MLA_F32, /* scale_region */ 1, /* scale_off */ 0, MLA_POLICY_POW2, /* eps_on_amax */ 0, \
+          /* qmax */ 448.0f, /* eps */ 9.99999975e-05f, /* scale_min */ 0.0f, /* scale_max */ 0.0f}, \
+        /* [1] rope */ {MLA_FIELD_DATA, MLA_BF16, /* dim_lo */ 512, /* count */ 64, /* region */ 2, /* byte_off */ 0, \
+          MLA_SCALE_NONE, /* group */ 0, MLA_U8, /* scale_region */ 0, /* scale_off */ 0, MLA_POLICY_POW2, /* eps_on_amax */ 0, \
+          /* qmax */ 0.0f, /* eps */ 0.0f, /* scale_min */ 0.0f, /* scale_max */ 0.0f}, \
+      }}
+
 /* DeepSeek V4, 584 B/token page-split: rows of 448 e4m3 + 64 bf16 RoPE, then 7 ue8m0 scales per 64 + 1 zero byte; pages padded to 576 B multiples [3.4] */
 #define MLA_BUILTIN_DESC_fp8_v4 { \
       /* dim */ 512, /* k_dims */ 512, /* v_dims */ 512, \
       /* nfields */ 3, /* nregions */ 2, /* block_size */ 64, \
       /* region_row_bytes */ {576, 8, 0, 0}, \
+      /* region_chunk */ {0, 0, 0, 0}, \
       /* region_off */ {0LL, 36864LL, 0LL, 0LL}, \
       /* page_bytes */ 37440LL, /* page_align */ 576, /* token_align */ 16, \
       /* fields */ { \
@@ -99,6 +123,7 @@
       /* dim */ 512, /* k_dims */ 512, /* v_dims */ 512, \
       /* nfields */ 3, /* nregions */ 2, /* block_size */ 64, \
       /* region_row_bytes */ {576, 8, 0, 0}, \
+      /* region_chunk */ {0, 0, 0, 0}, \
       /* region_off */ {0LL, 36864LL, 0LL, 0LL}, \
       /* page_bytes */ 37440LL, /* page_align */ 576, /* token_align */ 16, \
       /* fields */ { \
@@ -118,6 +143,7 @@
       /* dim */ 128, /* k_dims */ 128, /* v_dims */ 0, \
       /* nfields */ 1, /* nregions */ 2, /* block_size */ 64, \
       /* region_row_bytes */ {128, 4, 0, 0}, \
+      /* region_chunk */ {0, 0, 0, 0}, \
       /* region_off */ {0LL, 8192LL, 0LL, 0LL}, \
       /* page_bytes */ 8448LL, /* page_align */ 4, /* token_align */ 4, \
       /* fields */ { \
@@ -131,6 +157,7 @@
       /* dim */ 128, /* k_dims */ 128, /* v_dims */ 0, \
       /* nfields */ 1, /* nregions */ 2, /* block_size */ 64, \
       /* region_row_bytes */ {128, 4, 0, 0}, \
+      /* region_chunk */ {0, 0, 0, 0}, \
       /* region_off */ {0LL, 8192LL, 0LL, 0LL}, \
       /* page_bytes */ 8448LL, /* page_align */ 4, /* token_align */ 4, \
       /* fields */ { \
@@ -144,6 +171,7 @@
       /* dim */ 512, /* k_dims */ 512, /* v_dims */ 512, \
       /* nfields */ 1, /* nregions */ 2, /* block_size */ 64, \
       /* region_row_bytes */ {256, 32, 0, 0}, \
+      /* region_chunk */ {0, 0, 0, 0}, \
       /* region_off */ {0LL, 16384LL, 0LL, 0LL}, \
       /* page_bytes */ 18432LL, /* page_align */ 512, /* token_align */ 16, \
       /* fields */ { \
@@ -157,6 +185,7 @@
       /* dim */ 512, /* k_dims */ 512, /* v_dims */ 512, \
       /* nfields */ 1, /* nregions */ 2, /* block_size */ 64, \
       /* region_row_bytes */ {512, 16, 0, 0}, \
+      /* region_chunk */ {0, 0, 0, 0}, \
       /* region_off */ {0LL, 32768LL, 0LL, 0LL}, \
       /* page_bytes */ 33792LL, /* page_align */ 512, /* token_align */ 16, \
       /* fields */ { \

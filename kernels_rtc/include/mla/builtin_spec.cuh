@@ -16,6 +16,7 @@
   __device__ constexpr mla_layout_desc dev_##n = init;                                                                 \
   struct spec_##n {                                                                                                    \
     static constexpr mla_layout_desc host = init;                                                                      \
+    static_assert(!mla_layout_chunked(&host), "specialized kernels address whole token rows");                         \
     static constexpr const char *name = #n;                                                                            \
     static __device__ __forceinline__ const mla_layout_desc &d() { return dev_##n; }                                   \
   };

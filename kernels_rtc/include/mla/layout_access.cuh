@@ -12,11 +12,12 @@
 
 namespace mla {
 
-/* Start of token t's row in region r of page p (64-bit throughout). */
-__device__ __forceinline__ unsigned char *token_row(const mla_layout_desc &d, const mla_cache_view &v, int64_t page,
-                                                    int64_t t, int r) {
-  unsigned char *p = v.base + page * v.page_stride + d.region_off[r];
-  return r == 0 ? p + t * v.token_stride : p + t * (int64_t)d.region_row_bytes[r];
+/* Byte b of token t's row in region r of page p (64-bit throughout; a
+ * chunked region's piece holding b: mla_region_base). */
+__device__ __forceinline__ unsigned char *row_byte(const mla_layout_desc &d, const mla_cache_view &v, int64_t page,
+                                                   int64_t t, int r, int64_t b) {
+  const int64_t step = mla_region_step(&d, r);
+  return v.base + page * v.page_stride + mla_region_base(&d, r, b) + t * (step ? step : v.token_stride);
 }
 
 /* N bytes from p into a register array, with a vector load when aligned. */
@@ -59,7 +60,7 @@ __device__ __forceinline__ float field_scale(const mla_layout_desc &d, const mla
   if (fd.scale_kind == MLA_SCALE_TENSOR) return v.tensor_scale ? *v.tensor_scale : 1.0f;
   if (fd.scale_kind != MLA_SCALE_GROUP) return 1.0f;
   int g = (d0 - fd.dim_lo) / fd.group;
-  const unsigned char *sp = token_row(d, v, page, t, fd.scale_region) + fd.scale_off + g * mla_scale_size(fd.scale_dtype);
+  const unsigned char *sp = row_byte(d, v, page, t, fd.scale_region, fd.scale_off + g * mla_scale_size(fd.scale_dtype));
   return mla_decode_scale(fd.scale_dtype, load_scale_bits(sp, fd.scale_dtype));
 }
 
@@ -70,49 +71,51 @@ __device__ __forceinline__ void dequant8(const mla_layout_desc &d, const mla_cac
                                          int d0, float (&out)[8]) {
   int f = field_of(d, d0);
   const mla_layout_field &fd = d.fields[f < 0 ? 0 : f];
-  const unsigned char *row = token_row(d, v, page, t, fd.region) + fd.byte_off;
-  int e = d0 - fd.dim_lo;
+  const int e = d0 - fd.dim_lo;
+  // the 8 dims' first byte (one piece of a chunked region holds all of them)
+  const int64_t qb = fd.dtype == MLA_E2M1 ? e / 2 : fd.dtype == MLA_F32 ? 4 * e : fd.dtype == MLA_BF16 || fd.dtype == MLA_F16 ? 2 * e : e;
+  const unsigned char *q = row_byte(d, v, page, t, fd.region, fd.byte_off + qb);
   float s = field_scale(d, v, fd, page, t, d0);
   switch (fd.dtype) {
   case MLA_BF16: {
     unsigned char b[16];
-    load_bytes<16>(row + 2 * e, b);
+    load_bytes<16>(q, b);
 #pragma unroll
     for (int i = 0; i < 8; i++) out[i] = bf16_bits_to_float((uint16_t)(b[2 * i] | b[2 * i + 1] << 8));
     break;
   }
   case MLA_E4M3: {
     unsigned char b[8];
-    load_bytes<8>(row + e, b);
+    load_bytes<8>(q, b);
 #pragma unroll
     for (int i = 0; i < 8; i++) out[i] = e4m3_to_float(b[i]);
     break;
   }
   case MLA_E5M2: {
     unsigned char b[8];
-    load_bytes<8>(row + e, b);
+    load_bytes<8>(q, b);
 #pragma unroll
     for (int i = 0; i < 8; i++) out[i] = e5m2_to_float(b[i]);
     break;
   }
   case MLA_E2M1: {
     unsigned char b[4];
-    load_bytes<4>(row + e / 2, b);
+    load_bytes<4>(q, b);
 #pragma unroll
     for (int i = 0; i < 8; i++) out[i] = e2m1_to_float((uint8_t)(b[i / 2] >> (4 * (i & 1))));
     break;
   }
   case MLA_F16: {
     unsigned char b[16];
-    load_bytes<16>(row + 2 * e, b);
+    load_bytes<16>(q, b);
 #pragma unroll
     for (int i = 0; i < 8; i++) out[i] = __half2float(__ushort_as_half((unsigned short)(b[2 * i] | b[2 * i + 1] << 8)));
     break;
   }
   default: { /* f32 */
     unsigned char b[16], c[16];
-    load_bytes<16>(row + 4 * e, b);
-    load_bytes<16>(row + 4 * e + 16, c);
+    load_bytes<16>(q, b);
+    load_bytes<16>(q + 16, c);
 #pragma unroll
     for (int i = 0; i < 4; i++) {
       out[i] = __uint_as_float((uint32_t)b[4 * i] | (uint32_t)b[4 * i + 1] << 8 | (uint32_t)b[4 * i + 2] << 16 | (uint32_t)b[4 * i + 3] << 24);

@@ -12,11 +12,17 @@
  * [block_size][row] starting at byte `region_off[r]` of the page. Interleaved
  * formats (bf16, fp8 per-tensor, V3.2 656 B) have one region; page-split
  * formats (V4 584 B, indexer 132 B, V4.1 FP4) put scales in a second region.
+ * A chunked region (region_chunk[r] = c > 0) cuts each token's row into
+ * pieces of c bytes stored piece-major, [row / c][block_size][c]: FlashMLA's
+ * page-blocked V3.2 cache keeps NoPE as [32][B][16 B] and scales as [4][B].
  *
  * Addresses, all in 64-bit arithmetic (see mla_cache_view):
  *   page p  = base + p * page_stride                (page_stride read from the tensor)
  *   token t of region 0 = page + region_off[0] + t * token_stride
  *   token t of region r>0 = page + region_off[r] + t * region_row_bytes[r]
+ *   byte b of token t's row in a chunked region (the view's token stride unused)
+ *           = page + region_off[r] + (b / c) * block_size * c + t * c + b % c
+ *   (mla_region_base and mla_region_step below give every form at once)
  *   slot s  -> p = s / block_size, t = s % block_size; s < 0 is "no token"
  *
  * Fields cover the logical row: field f stores dims [dim_lo, dim_lo + count)
@@ -75,6 +81,7 @@ typedef struct mla_layout_desc {
   int32_t nfields, nregions;
   int32_t block_size; /* tokens per page this descriptor was made for */
   int32_t region_row_bytes[MLA_LAYOUT_MAX_REGIONS];
+  int32_t region_chunk[MLA_LAYOUT_MAX_REGIONS]; /* 0: rows whole; c: rows in c-byte pieces, piece-major */
   int64_t region_off[MLA_LAYOUT_MAX_REGIONS]; /* byte offset of each region in a page */
   int64_t page_bytes; /* smallest legal page stride (regions + alignment padding) */
   int32_t page_align; /* page strides must be multiples of this (bytes) */
@@ -90,5 +97,24 @@ typedef struct mla_cache_view {
   int64_t num_pages;
   const float *tensor_scale; /* per-tensor scale (device pointer on GPU, host on CPU), or NULL */
 } mla_cache_view;
+
+/* Where byte b of a token's row in region r lives: at page + base + t * step
+ * for token t, base = mla_region_base(d, r, b) and step =
+ * mla_region_step(d, r), a step of 0 meaning the view's token stride (region
+ * 0 unchunked). A read of n bytes from b is one run when it stays inside a
+ * piece (layout validation keeps every 8-dim quantum and every scale so). */
+MLA_HD MLA_CONSTEXPR int64_t mla_region_base(const mla_layout_desc *d, int r, int64_t b) {
+  return d->region_off[r] +
+         (d->region_chunk[r] > 0 ? b / d->region_chunk[r] * d->region_chunk[r] * d->block_size + b % d->region_chunk[r] : b);
+}
+MLA_HD MLA_CONSTEXPR int64_t mla_region_step(const mla_layout_desc *d, int r) {
+  return d->region_chunk[r] > 0 ? d->region_chunk[r] : r == 0 ? 0 : d->region_row_bytes[r];
+}
+/* Whether any region is chunked (kernels that address whole rows take only unchunked layouts). */
+MLA_HD MLA_CONSTEXPR int mla_layout_chunked(const mla_layout_desc *d) {
+  for (int r = 0; r < MLA_LAYOUT_MAX_REGIONS; r++)
+    if (r < d->nregions && d->region_chunk[r] > 0) return 1;
+  return 0;
+}
 
 #endif

@@ -22,9 +22,9 @@ namespace mla {
 
 /* Where dims [8c, 8c + 8) of a token live. 32 bytes. */
 struct chunk_plan {
-  int64_t data_base;  /* byte offset from the page base to the chunk of token 0 */
+  int64_t data_base;  /* byte offset from the page base to the chunk of token 0 (mla_region_base) */
   int64_t scale_base; /* same for the chunk's group scale (group scales only) */
-  int32_t data_row;   /* bytes between tokens; 0 = the view's token stride (region 0) */
+  int32_t data_row;   /* bytes between tokens (mla_region_step); 0 = the view's token stride (region 0) */
   int32_t scale_row;
   int8_t field;       /* descriptor field, -1 past the row */
   uint8_t dtype, scale_kind, scale_dtype;
@@ -53,13 +53,13 @@ __device__ __forceinline__ chunk_plan plan_chunk(const mla_layout_desc &d, int c
     p.field = (int8_t)f;
     p.dtype = (uint8_t)fd.dtype;
     p.scale_kind = (uint8_t)fd.scale_kind;
-    p.data_base = d.region_off[fd.region] + fd.byte_off + elem_bytes8(fd.dtype, e);
-    p.data_row = fd.region == 0 ? 0 : d.region_row_bytes[fd.region];
+    p.data_base = mla_region_base(&d, fd.region, fd.byte_off + elem_bytes8(fd.dtype, e));
+    p.data_row = (int32_t)mla_region_step(&d, fd.region);
     if (fd.scale_kind == MLA_SCALE_GROUP) {
       int g = e / fd.group;
       p.scale_dtype = (uint8_t)fd.scale_dtype;
-      p.scale_base = d.region_off[fd.scale_region] + fd.scale_off + (int64_t)g * mla_scale_size(fd.scale_dtype);
-      p.scale_row = fd.scale_region == 0 ? 0 : d.region_row_bytes[fd.scale_region];
+      p.scale_base = mla_region_base(&d, fd.scale_region, fd.scale_off + (int64_t)g * mla_scale_size(fd.scale_dtype));
+      p.scale_row = (int32_t)mla_region_step(&d, fd.scale_region);
       p.group_lo = (int16_t)((fd.dim_lo + g * fd.group) / 8);
       p.group_n = (int16_t)(fd.group / 8);
     }
@@ -70,6 +70,17 @@ __device__ __forceinline__ chunk_plan plan_chunk(const mla_layout_desc &d, int c
 /* Fills plan[0, nchunks) cooperatively; the caller synchronizes. */
 __device__ __forceinline__ void plan_chunks(const mla_layout_desc &d, chunk_plan *plan, int nchunks) {
   for (int c = threadIdx.x; c < nchunks; c += blockDim.x) plan[c] = plan_chunk(d, c);
+}
+
+/* Zeroes token t's padding bytes of the page at pg, as the reference does
+ * (byte by byte: pads are few, and a chunked region's may span pieces). */
+__device__ __forceinline__ void zero_pads(const mla_layout_desc &d, unsigned char *pg, int64_t t, int64_t token_stride) {
+  for (int f = 0; f < MLA_LAYOUT_MAX_FIELDS && f < d.nfields; f++) {
+    const mla_layout_field &fd = d.fields[f];
+    if (fd.role != MLA_FIELD_PAD) continue;
+    const int64_t step = mla_region_step(&d, fd.region);
+    for (int k = 0; k < fd.count; k++) pg[mla_region_base(&d, fd.region, fd.byte_off + k) + t * (step ? step : token_stride)] = 0;
+  }
 }
 
 __device__ __forceinline__ const unsigned char *chunk_ptr(const unsigned char *page, int64_t base, int32_t row, int64_t t,
