@@ -280,6 +280,27 @@ describe("attention reference (CPU)", function()
     end
   end)
 
+  it("gives the same answer from a page-blocked copy of a cache (fp8_ds_mla -> fp8_ds_mla_blocked), dense and sparse", function()
+    for _, kind in ipairs { "dense", "sparse" } do
+      mla.manual_seed(31)
+      local case = kind == "dense"
+        and C.dense { layout = "fp8_ds_mla", b = 2, s_q = 2, h_q = 2, lens = { 45, 17 }, block_size = 16, device = "cpu" }
+        or C.sparse { layout = "fp8_ds_mla", b = 2, s_q = 1, h_q = 3, topk = 24, pool = 40, invalid = 0.2, block_size = 16,
+          device = "cpu" }
+      local blocked = mla.cache.new { layout = "fp8_ds_mla_blocked", num_blocks = case.view.pages:size(0), block_size = 16,
+        device = "cpu" }
+      local bv = blocked:view(0)
+      mla.kernels.requant(case.view, bv)
+      local a = C.args(case)
+      a.impl = "ref"
+      local o1, l1 = mla.attention.decode(a)
+      a.cache = bv
+      local o2, l2 = mla.attention.decode(a)
+      assert.is_true(mla.compare(o1, o2, "exact").ok, kind)
+      assert.is_true(mla.compare(l1, l2, "exact").ok, kind)
+    end
+  end)
+
   it("reads a layer of a block-major cross-layer cache through its strides, ignoring NaN neighbours", function()
     mla.manual_seed(21)
     local lens = { 40, 70 }
@@ -412,7 +433,8 @@ local function run(case, impl, opts)
   return mla.attention.decode(a)
 end
 
-local MLA_LAYOUTS = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_v4", "fp8_v4_vllm", "fp4_v41", "fp8_v41" }
+local MLA_LAYOUTS = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_ds_mla_blocked", "fp8_v4", "fp8_v4_vllm",
+  "fp4_v41", "fp8_v41" }
 
 for _, impl in ipairs { "baked", "jit" } do
   describe("attention " .. impl .. " vs reference", function()
@@ -495,7 +517,7 @@ for _, impl in ipairs { "baked", "jit" } do
     end)
 
     it("a layer of a block-major cross-layer cache whose neighbours are NaN #gpu", function()
-      for k, name in ipairs { "bf16", "fp8_v4" } do
+      for k, name in ipairs { "bf16", "fp8_v4", "fp8_ds_mla_blocked" } do
         mla.manual_seed(600 + k)
         local case = C.dense { layout = name, b = 2, s_q = 1, h_q = 16, lens = { 700, 260 }, num_layers = 3, layer = 1,
           order = "block_major" }

@@ -261,7 +261,13 @@ describe("kernels.requant fp8_pertensor (576 B) -> fp8_ds_mla (656 B)", function
   it("rejects layout pairs it cannot repack losslessly, naming the dims", function()
     local p576, p656, pbf = pool(mla.layout.get("fp8_pertensor"), 2, 4, "cpu"), pool(mla.layout.get("fp8_ds_mla"), 2, 4, "cpu"),
         pool(mla.layout.get("bf16"), 2, 4, "cpu")
-    S.assert_error_contains(function() K.requant(p656, p576) end, "source dims [0, 8) carry group scales")
+    S.assert_error_contains(function() K.requant(p656, p576) end,
+      "destination dims [0, 8) are e4m3 under a per-tensor scale; a destination chunk is either the source codes")
+    S.assert_error_contains(function() K.requant(p656, pool(mla.layout.get("fp8_v4"), 2, 4, "cpu")) end,
+      "the source row has 576 dims, the destination 512")
+    S.assert_error_contains(function() K.requant(p656, pool(mla.layout.define { name = "spec_requant_g64", v_dims = 512,
+      fields = { { "nope", "e4m3", 512, scale = { dtype = "f32", group = 64, eps = 1e-4 } }, { "rope", "bf16", 64 } } }, 2, 4, "cpu")) end,
+      "dims [0, 8) carry group scales on both sides but as e4m3 in groups of 128 under f32 scales (source) and e4m3 in groups of 64")
     S.assert_error_contains(function() K.requant(pbf, p656) end,
       "destination dims [0, 8) store e4m3 under group scales but the source stores bf16")
     S.assert_error_contains(function() K.requant(p576, pool(mla.layout.get("fp8_ds_mla"), 1, 4, "cpu")) end,
@@ -269,6 +275,29 @@ describe("kernels.requant fp8_pertensor (576 B) -> fp8_ds_mla (656 B)", function
     S.assert_error_contains(function() K.requant(p576, pool(mla.layout.get("fp8_ds_mla"), 2, 8, "cpu")) end,
       "block sizes differ (4 vs 8)")
   end)
+end)
+
+describe("kernels.requant between layouts of the same group scales (a relayout)", function()
+  for _, pair in ipairs { { "fp8_ds_mla", "fp8_ds_mla_blocked" }, { "fp8_ds_mla_blocked", "fp8_ds_mla" } } do
+    it(pair[1] .. " -> " .. pair[2] .. ": the bytes the destination's own writer gives, values kept", function()
+      for _, bs in ipairs { 64, 5 } do
+        rng(11 + bs)
+        local A, B = mla.layout.get(pair[1]), mla.layout.get(pair[2])
+        local src, dst, want = pool(A, 3, bs, "cpu"), pool(B, 3, bs, "cpu"), pool(B, 3, bs, "cpu")
+        dst.pages:fill(0xAB)
+        want.pages:fill(0)
+        local n = 3 * bs
+        local x = mla.randn({ n, 576 }, { std = 3 }):to("bf16")
+        local all = mla.arange(n, "i64")
+        K.write(src, all, x)
+        K.write(want, all, x)
+        K.requant(src, dst)
+        -- codes and scales move unchanged; the bf16 RoPE is copied
+        assert_bytes(dst.pages, want.pages, "relayout bytes, block size " .. bs)
+        assert_bytes(K.gather_sparse(dst, all), K.gather_sparse(src, all), "values")
+      end
+    end)
+  end
 end)
 
 describe("referenced-slot dequant for fallbacks", function()

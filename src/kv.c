@@ -140,9 +140,17 @@ static int requant_check(const mla_layout_desc *sd, const mla_layout_desc *dd) {
     return mla_err("requant: block sizes differ (%d vs %d); pages map one to one", sd->block_size, dd->block_size);
   for (int c0 = 0; c0 < dd->dim; c0 += 8) {
     const mla_layout_field *fs = field_at(sd, c0), *fd = field_at(dd, c0);
-    if (fs->scale_kind == MLA_SCALE_GROUP)
-      return mla_err("requant: source dims [%d, %d) carry group scales; the source must be unscaled or per-tensor scaled",
-                     c0, c0 + 8);
+    if (fs->scale_kind == MLA_SCALE_GROUP && fd->scale_kind == MLA_SCALE_GROUP) {
+      /* a relayout: codes and scale bits move unchanged, so groups and types must be the same */
+      if (fd->dtype != fs->dtype || fd->group != fs->group || fd->scale_dtype != fs->scale_dtype ||
+          (c0 - fs->dim_lo) % fs->group != (c0 - fd->dim_lo) % fd->group)
+        return mla_err("requant: dims [%d, %d) carry group scales on both sides but as %s in groups of %d under %s scales "
+                       "(source) and %s in groups of %d under %s (destination); group-scaled dims move as they are, so "
+                       "element type, group and scale type must match", c0, c0 + 8, mla_dtype_name((mla_dtype)fs->dtype),
+                       fs->group, mla_dtype_name((mla_dtype)fs->scale_dtype), mla_dtype_name((mla_dtype)fd->dtype),
+                       fd->group, mla_dtype_name((mla_dtype)fd->scale_dtype));
+      continue;
+    }
     if (fd->scale_kind == MLA_SCALE_GROUP) {
       if (fd->dtype != fs->dtype)
         return mla_err("requant: destination dims [%d, %d) store %s under group scales but the source stores %s; codes are "
@@ -153,6 +161,9 @@ static int requant_check(const mla_layout_desc *sd, const mla_layout_desc *dd) {
                        c0, c0 + 8, mla_dtype_name((mla_dtype)fd->scale_dtype));
       int g0 = fd->dim_lo + (c0 - fd->dim_lo) / fd->group * fd->group;
       const mla_layout_field *first = field_at(sd, g0);
+      if (first->scale_kind == MLA_SCALE_GROUP || fs->scale_kind == MLA_SCALE_GROUP)
+        return mla_err("requant: destination group at dims [%d, %d) takes source dims under group scales and dims without", g0,
+                       g0 + fd->group);
       if (first->scale_kind != fs->scale_kind)
         return mla_err("requant: destination group at dims [%d, %d) mixes source dims with and without the tensor scale", g0,
                        g0 + fd->group);

@@ -1,9 +1,11 @@
 // Requant (repack) of a whole layer pool, e.g. fp8 per-tensor 576 B ->
 // V3.2 656 B: every token of src's pages into the same slot of dst. Chunk by
 // chunk: a dst chunk with group scales takes the src codes unchanged and the
-// tensor scale as its f32 scale (values preserved bit for bit); a bf16 dst
-// chunk without a scale takes bf16(decode * tensor scale). The host checked
-// the pairing (requant_check in src/kv.c).
+// tensor scale as its f32 scale (values preserved bit for bit), or, from a
+// src chunk under the same group scales, the src scale's bits (a relayout,
+// e.g. V3.2 656 B interleaved <-> page-blocked); a bf16 dst chunk without a
+// scale takes bf16(decode * scale). The host checked the pairing
+// (requant_check in src/kv.c).
 //
 // Source token rows stream through a per-warp ring in shared memory
 // (cp.async, as the gathers in kv_gather.cu); each warp owns a contiguous
@@ -26,13 +28,14 @@ struct alignas(16) rq_chunk {
   int32_t srow;  // bytes between tokens' scales (0: the view's token stride)
   int16_t copy;  // bytes of codes copied unchanged (0: dequantized to bf16)
   int16_t vec;   // the destination of every token is aligned to the chunk's size
-  int32_t pad;
+  int32_t ssz;   // bytes of the group scale written at sc
 };
 
 __device__ __forceinline__ rq_chunk make_rq_chunk(const mla_layout_desc &dd, const mla_cache_view &dv, int c) {
   const chunk_plan D = mla::plan_chunk(dd, c);
   rq_chunk q;
-  q.dst = (int32_t)D.data_base, q.drow = D.data_row, q.sc = -1, q.srow = D.scale_row, q.pad = 0;
+  q.dst = (int32_t)D.data_base, q.drow = D.data_row, q.sc = -1, q.srow = D.scale_row;
+  q.ssz = D.scale_kind == MLA_SCALE_GROUP ? mla_scale_size(D.scale_dtype) : 0;
   q.copy = D.scale_kind == MLA_SCALE_GROUP ? (int16_t)mla::chunk_bytes(D.dtype) : 0;
   if (q.copy && c == D.group_lo) q.sc = (int32_t)D.scale_base;
   const int n = q.copy ? q.copy : 16;
@@ -101,9 +104,16 @@ __global__ void __launch_bounds__(kThreads, 3) requant_kernel(const __grid_const
       unsigned char *dst = dp + q.dst + t * (q.drow ? (int64_t)q.drow : dv.token_stride);
       if (q.copy) {
         copy_chunk(q.copy, q.vec, dst, row + K.src);
-        if (q.sc >= 0)
-          mla::store4(dp + q.sc + t * (q.srow ? (int64_t)q.srow : dv.token_stride),
-                      __float_as_uint(K.ssrc == -2 ? ts : 1.0f));
+        if (q.sc >= 0) {
+          unsigned char *sp = dp + q.sc + t * (q.srow ? (int64_t)q.srow : dv.token_stride);
+          if (K.ssrc >= 0) { // the source's scale under the same group: its bits
+            uint32_t bits = 0;
+            for (int i = 0; i < q.ssz; i++) bits |= (uint32_t)row[K.ssrc + i] << (8 * i);
+            mla::store_le(sp, bits, q.ssz);
+          } else {
+            mla::store4(sp, __float_as_uint(K.ssrc == -2 ? ts : 1.0f));
+          }
+        }
       } else {
         const uint4 o = stage_dequant(K, row, ts);
         if (q.vec) *reinterpret_cast<uint4 *>(dst) = o;

@@ -5,6 +5,7 @@
 
 #include "dtype.h"
 #include "layout_check.h"
+#include "mla/quant_math.h"
 #include "mla_error.h"
 #include "ref/layout_ref.h"
 
@@ -180,8 +181,16 @@ int mla_ref_kv_requant(const mla_kv_cache *src, const mla_kv_cache *dst) {
           memcpy(dq, region_byte(src, page, t, fs->region, fs->byte_off + mla_layout_elem_bytes(fs->dtype, c0 - fs->dim_lo)),
                  (size_t)mla_layout_elem_bytes(fd->dtype, 8));
           if (e % fd->group == 0) {
-            float s = fs->scale_kind == MLA_SCALE_TENSOR ? ts : 1.0f;
-            memcpy(region_byte(dst, page, t, fd->scale_region, fd->scale_off + (e / fd->group) * 4), &s, 4);
+            unsigned char *ds = region_byte(dst, page, t, fd->scale_region,
+                                            fd->scale_off + (e / fd->group) * mla_scale_size(fd->scale_dtype));
+            if (fs->scale_kind == MLA_SCALE_GROUP) { /* a relayout: the scale's bits as stored (kv.c checked the pairing) */
+              int64_t es = c0 - fs->dim_lo;
+              memcpy(ds, region_byte(src, page, t, fs->scale_region, fs->scale_off + (es / fs->group) * mla_scale_size(fs->scale_dtype)),
+                     (size_t)mla_scale_size(fd->scale_dtype));
+            } else {
+              float s = fs->scale_kind == MLA_SCALE_TENSOR ? ts : 1.0f;
+              memcpy(ds, &s, 4);
+            }
           }
         }
       }
