@@ -116,14 +116,18 @@ __device__ __forceinline__ void copy_row(uint32_t dst, const unsigned char *src,
 }
 
 // Region r's row of token `off` from a chunked page, in row order: units u =
-// j, j + 8, ... of gran bytes (gran divides the piece), each from its piece
-// (layout_desc.h, mla_region_base); a missing key (!ok) gives zeros.
+// j, j + 8, ... of gran bytes (gran divides the piece), unit u % upp of piece
+// u / upp (layout_desc.h, mla_region_base; a shift where upp is a power of
+// two); a missing key (!ok) gives zeros.
 __device__ __forceinline__ void stage_pieces(const params &p, int r, const unsigned char *page_base, int64_t off,
                                              unsigned char *dst, int j, bool ok) {
-  const int gran = p.reg_gran[r], n = p.reg_bytes[r] / gran;
+  const int gran = p.reg_gran[r], n = p.reg_bytes[r] / gran, upp = p.reg_upp[r], sh = p.reg_ushift[r];
+  const int c = p.d.region_chunk[r];
+  const unsigned char *row = page_base + p.d.region_off[r] + off * c;
   for (int u = j; u < n; u += 8) {
-    const int64_t b = (int64_t)u * gran;
-    const unsigned char *src = ok ? page_base + mla_region_base(&p.d, r, b) + off * p.d.region_chunk[r] : p.v.base;
+    const int b = u * gran;
+    const unsigned piece = sh >= 0 ? (unsigned)u >> sh : (unsigned)u / (unsigned)upp;
+    const unsigned char *src = ok ? row + (int64_t)piece * c * p.d.block_size + (u - (int)piece * upp) * gran : p.v.base;
     const uint32_t sd = mla::smem_addr(dst + b);
     if (gran == 16) mla::cp_async16(sd, src, ok ? 16 : 0);
     else if (gran == 8) mla::cp_async8(sd, src, ok ? 8 : 0);

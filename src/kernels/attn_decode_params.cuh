@@ -38,6 +38,8 @@ struct params {
   int reg_stage_off[MLA_LAYOUT_MAX_REGIONS];
   int reg_bytes[MLA_LAYOUT_MAX_REGIONS];
   int reg_gran[MLA_LAYOUT_MAX_REGIONS]; // 16, 8, 4: cp.async size; 1: synchronous byte copy
+  int reg_upp[MLA_LAYOUT_MAX_REGIONS];  // chunked regions: gran-byte units a piece, and its log2 (-1: not a power of two)
+  int reg_ushift[MLA_LAYOUT_MAX_REGIONS];
   int q_vec;        // q rows can be read 16 B at a time
   uint16_t *out;    // bf16 [problems * rows, DV] (= [b, s_q, h_q, DV])
   float *lse;       // [b, h_q, s_q]
