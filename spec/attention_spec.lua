@@ -701,9 +701,11 @@ end)
 -- specialize = false forces the generic kernel. All must match the reference on every fp8 built-in,
 -- dense and sparse, with one split and through the combine, and the plan and
 -- mla.attention.last_variant() must name what ran.
+-- (fp8_ds_mla_blocked, page-blocked, has the register-fed kernels only: no V-slice kernel, whose
+-- stage rows are whole; specialize = "slice" runs the generic one.)
 local SPEC_VARIANT = { fp8_pertensor = "fp8_pertensor", fp8_ds_mla = "fp8_ds_mla", fp8_ds_mla_amax = "fp8_ds_mla",
-  fp8_v4 = "fp8_v4", fp8_v4_vllm = "fp8_v4" }
-local SPEC_LAYOUTS = { "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_v4", "fp8_v4_vllm" }
+  fp8_v4 = "fp8_v4", fp8_v4_vllm = "fp8_v4", fp8_ds_mla_blocked = "generic" }
+local SPEC_LAYOUTS = { "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_amax", "fp8_v4", "fp8_v4_vllm", "fp8_ds_mla_blocked" }
 
 -- Runs a case with each specialize value of `modes` (default true, false), expecting variant
 -- `want` (or want(mode)) where specialize is not false and "generic" where it is, each against
@@ -793,7 +795,7 @@ describe("attention baked specialized kernels", function()
   end)
 
   it("causal MTP (s_q 2 x h_q 8 = 16 rows), a padded view and strided q on the specialized kernels #gpu", function()
-    for k, name in ipairs { "fp8_ds_mla", "fp8_v4", "fp8_pertensor" } do
+    for k, name in ipairs { "fp8_ds_mla", "fp8_v4", "fp8_pertensor", "fp8_ds_mla_blocked" } do
       mla.manual_seed(870 + k)
       local case = C.dense { layout = name, b = 3, s_q = 2, h_q = 8, lens = { 700, 1, 129 }, q_pad = true,
         page_pad = name == "fp8_v4" and 576 or 656, tensor_scale = 2.0 }
@@ -805,7 +807,7 @@ describe("attention baked specialized kernels", function()
   end)
 
   it("a layer of a block-major cross-layer cache (NaN neighbours) on the specialized kernels #gpu", function()
-    for k, name in ipairs { "fp8_ds_mla", "fp8_v4" } do
+    for k, name in ipairs { "fp8_ds_mla", "fp8_v4", "fp8_ds_mla_blocked" } do
       mla.manual_seed(880 + k)
       local case = C.dense { layout = name, b = 2, s_q = 1, h_q = 16, lens = { 700, 260 }, num_layers = 3, layer = 1,
         order = "block_major" }
@@ -920,7 +922,7 @@ describe("attention baked wgmma kernel (64-row tiles)", function()
   end)
 
   it("a padded view and a layer of a block-major cross-layer cache (NaN neighbours) #gpu", function()
-    for k, name in ipairs { "bf16", "fp8_ds_mla", "fp8_v4" } do
+    for k, name in ipairs { "bf16", "fp8_ds_mla", "fp8_v4", "fp8_ds_mla_blocked" } do
       mla.manual_seed(960 + k)
       local padded = C.dense { layout = name, b = 2, s_q = 1, h_q = 64, lens = { 900, 260 },
         page_pad = name == "fp8_v4" and 576 or 656 }
@@ -938,7 +940,7 @@ describe("attention baked wgmma kernel (64-row tiles)", function()
   it("scale exponents rising and falling by 2^12 along a request, one split and three #gpu", function()
     -- gains up to 1: FlashMLA's absolute bound is sized for outputs of rows with std 0.1
     for k, c in ipairs { { "fp8_ds_mla", { -12, 0 } }, { "fp8_ds_mla_amax", { 0, -12 } }, { "fp8_ds_mla_amax", { -12, 0 } },
-      { "fp8_pertensor", { -6, 0 } }, { "fp8_v4", { -12, 0 } } } do
+      { "fp8_pertensor", { -6, 0 } }, { "fp8_v4", { -12, 0 } }, { "fp8_ds_mla_blocked", { 0, -12 } } } do
       mla.manual_seed(1100 + k)
       local case = C.dense { layout = c[1], b = 2, s_q = 1, h_q = 128, lens = { 1500, 700 }, kv_ramp = c[2], tensor_scale = 0.5 }
       for _, splits in ipairs { 1, 3 } do both(case, { splits = splits }, DENSE_OUT) end
@@ -975,7 +977,7 @@ describe("attention baked wgmma kernel (64-row tiles)", function()
       local case = C.dense { layout = name, b = 2, s_q = 1, h_q = 128, lens = { 700, 130 }, tensor_scale = 0.5 }
       local seen = both(case, {}, DENSE_OUT)
       local fed = ({ bf16 = true, fp8_pertensor = true, fp8_ds_mla = true, fp8_ds_mla_amax = true, fp8_v4 = true,
-        fp8_v4_vllm = true })[name]
+        fp8_v4_vllm = true, fp8_ds_mla_blocked = true })[name]
       if wgmma_expected() == "wgmma" then assert.equal(fed and 64 or 32, seen[1].plan.tile_keys) end
     end
   end)

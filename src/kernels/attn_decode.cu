@@ -86,7 +86,7 @@ int stages_within(int mr, int dqk, int identity, int pitch, int64_t budget) {
 struct spec_variant {
   const char *name;
   const mla_layout_desc *desc;
-  const void *slice_fn[2]; // 16-row kernel: 48-, 64-key tiles
+  const void *slice_fn[2]; // 16-row kernel: 48-, 64-key tiles; null if the layout does not allow it
   const void *wg_regs_fn;  // wgmma kernel, register-fed tiles (16-byte aligned views); null if the layout does not allow them
   const void *rs16_fn;     // the 16-row wgmma kernel (attn_decode_rs16.cuh, codes mode); null if the layout does not allow it
   int rs16_smem;
@@ -99,15 +99,19 @@ template <class LS> const void *rs16_of() {
   if constexpr (rs16::allowed<LS>()) return (const void *)rs16::attn_decode_rs16_kernel<LS::host.k_dims, LS>;
   else return nullptr;
 }
+// The V-slice kernel takes whole rows in one or two regions (slice_ok); null elsewhere.
+template <class LS, int BK> const void *slice_of() {
+  if constexpr (mla_attn_slice::slice_ok(LS::host) && !mla_layout_chunked(&LS::host))
+    return (const void *)mla_attn_slice::attn_decode_slice_kernel<LS, BK>;
+  else return nullptr;
+}
 template <class LS> spec_variant variant_of() {
-  return {LS::name, &LS::host,
-          {(const void *)mla_attn_slice::attn_decode_slice_kernel<LS, 48>,
-           (const void *)mla_attn_slice::attn_decode_slice_kernel<LS, 64>},
-          wg_regs_of<LS>(), rs16_of<LS>(), rs16::smem_bytes<LS>()};
+  return {LS::name, &LS::host, {slice_of<LS, 48>(), slice_of<LS, 64>()}, wg_regs_of<LS>(), rs16_of<LS>(),
+          rs16::smem_bytes<LS>()};
 }
 const spec_variant *find_layout_spec(const mla_layout_desc &d) {
-  static const spec_variant all[] = {variant_of<mla_attn_spec::spec_fp8_pertensor>(),
-                                     variant_of<mla_attn_spec::spec_fp8_ds_mla>(), variant_of<mla_attn_spec::spec_fp8_v4>()};
+  static const spec_variant all[] = {variant_of<mla_attn_spec::spec_fp8_pertensor>(), variant_of<mla_attn_spec::spec_fp8_ds_mla>(),
+                                     variant_of<mla_attn_spec::spec_fp8_v4>(), variant_of<mla_attn_spec::spec_fp8_ds_mla_blocked>()};
   for (const spec_variant &v : all)
     if (mla_layout_desc_same(&d, v.desc, 1)) return &v;
   return nullptr;
@@ -229,7 +233,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   // instead), else the V-slice kernel
   const bool rs16k = specialize == MLA_ATTN_SPECIALIZED && mr == 16 && bv && bv->rs16_fn && wg_available(props) &&
                      bv->rs16_smem <= props.max_smem_optin;
-  const spec_variant *sv = specialize != MLA_ATTN_GENERIC && mr == 16 && !rs16k ? bv : nullptr;
+  const spec_variant *sv = specialize != MLA_ATTN_GENERIC && mr == 16 && !rs16k && bv && bv->slice_fn[0] ? bv : nullptr;
   const int wg_mode = wg_mode_for(p.identity, bv);
   const int wg_nst = specialize != MLA_ATTN_GENERIC && mr == 64 && wg_available(props) ? wg_stages(dqk, wg_mode, p.stage_pitch, props.max_smem_optin) : 0;
   const bool wgk = wg_nst > 0;

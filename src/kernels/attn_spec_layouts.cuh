@@ -29,9 +29,11 @@ __host__ __device__ constexpr int stage_off(const mla_layout_desc &d, int r) {
   return o;
 }
 
-// cp.async size for region r of a spec (the row bytes allow it; the launcher checks the view).
+// cp.async size for region r of a spec (the row bytes, or a chunked region's
+// piece, allow it; the launcher checks the view).
 __host__ __device__ constexpr int region_gran(const mla_layout_desc &d, int r) {
-  return d.region_row_bytes[r] % 16 == 0 ? 16 : d.region_row_bytes[r] % 8 == 0 ? 8 : d.region_row_bytes[r] % 4 == 0 ? 4 : 1;
+  const int n = d.region_chunk[r] > 0 ? d.region_chunk[r] : d.region_row_bytes[r];
+  return n % 16 == 0 ? 16 : n % 8 == 0 ? 8 : n % 4 == 0 ? 4 : 1;
 }
 
 // How dims [d0, d0 + 8) are rebuilt from a stage row.
@@ -69,6 +71,8 @@ __host__ __device__ constexpr bool is_fp8_kind(int k) { return k >= SK_FP8_ONE &
 MLA_BUILTIN_SPEC(fp8_pertensor, MLA_BUILTIN_DESC_fp8_pertensor)
 MLA_BUILTIN_SPEC(fp8_ds_mla, MLA_BUILTIN_DESC_fp8_ds_mla)
 MLA_BUILTIN_SPEC(fp8_v4, MLA_BUILTIN_DESC_fp8_v4)
+// page-blocked V3.2 (chunked regions): the register-fed kernels only (rf_ok), whose loads address pieces
+MLA_BUILTIN_SPEC(fp8_ds_mla_blocked, MLA_BUILTIN_DESC_fp8_ds_mla_blocked)
 
 template <int... J, class F> __device__ __forceinline__ void static_for_(std::integer_sequence<int, J...>, F &&f) {
   (f(std::integral_constant<int, J>{}), ...);

@@ -55,6 +55,22 @@ __host__ __device__ constexpr rf_chunk rf_chunk_at(const mla_layout_desc &d, int
 // chunk h of pair i, quarter 0
 __host__ __device__ constexpr rf_chunk rf_pair(const mla_layout_desc &d, int i, int h = 0) { return rf_chunk_at(d, rf_chunk_index(i, 0, h)); }
 
+// A chunked region (layout_desc.h) is register-fed where a thread's loads
+// stay in pieces and split additively: the offset of row byte 64 i + 16 q
+// (pair i, quarter q) is that of 64 i plus that of 16 q, so the quarter's
+// part is one per-thread base and the pair's an immediate. True for pieces
+// of 16 or 32 bytes or a multiple of 64; bf16 (32-byte quarter) runs only
+// in whole rows.
+__host__ __device__ constexpr bool rf_pieces_ok(const mla_layout_desc &d, int r, bool bf16) {
+  const int c = d.region_chunk[r];
+  return c == 0 || (!bf16 && (c == 16 || c == 32 || c % 64 == 0));
+}
+// Offset of row byte b of region r from the key's first byte in it (its row
+// start, or its first piece): b itself where rows are whole.
+__host__ __device__ constexpr int64_t rf_piece_off(const mla_layout_desc &d, int r, int64_t b) {
+  return mla_region_base(&d, r, b) - d.region_off[r];
+}
+
 // Whether a layout can be register-fed: every chunk known, the quarters of a
 // key on consecutive bytes of one region with one scale, data regions 16-byte
 // granular, and an e4m3 chunk pair (h = 0, 1) one 16-byte load.
@@ -68,6 +84,8 @@ __host__ __device__ constexpr bool rf_ok(const mla_layout_desc &d, int dqk) {
     if (is_fp8_kind(a0.kind) && (a1.kind != a0.kind || a1.region != a0.region || a1.src != a0.src + 8 || a0.src % 16 ||
                                  a1.sregion != a0.sregion || a1.ssrc != a0.ssrc))
       return false;
+    if (a0.kind != SK_ZERO && !rf_pieces_ok(d, a0.region, a0.kind == SK_COPY)) return false;
+    if (a1.kind != SK_ZERO && !rf_pieces_ok(d, a1.region, a1.kind == SK_COPY)) return false;
     for (int h = 0; h < 2; h++) {
       const rf_chunk a = h ? a1 : a0;
       if (a.kind != SK_ZERO && region_gran(d, a.region) < 16) return false;
@@ -226,6 +244,12 @@ template <class LS, int DQK, bool F32W = false> struct rf_key {
   bool ok;
 
 
+  // Row byte B of region R as an offset from the key's row (or first piece) in it: B where rows are whole.
+  template <int R, int B> static constexpr auto at_of() {
+    if constexpr (LS::host.region_chunk[R] == 0) return B;
+    else return rf_piece_off(LS::host, R, B);
+  }
+
   // Starts the loads of key (page, off) for quarter q; a key without a page reads as zeros.
   __device__ __forceinline__ void load(const params &p, int page, int off, int q) {
     using namespace mla_attn_spec;
@@ -235,12 +259,23 @@ template <class LS, int DQK, bool F32W = false> struct rf_key {
     // (16 q) and bf16 (32 q) chunks: computed once, so that every load is a
     // constant offset from one of them (rebuilt per load, the 64-bit address
     // took about six instructions a load: ncu, nineteenth session).
+    // A chunked region's "row" is the key's first piece, and offsets are pieces' (rf_piece_off).
     constexpr int NR = LS::host.nregions;
     const unsigned char *rows[NR], *rq16[NR], *rq32[NR];
+    if constexpr (!mla_layout_chunked(&LS::host)) {
 #pragma unroll
-    for (int r = 0; r < NR; r++) {
-      rows[r] = pb + p.d.region_off[r] + (int64_t)off * (r == 0 ? p.v.token_stride : (int64_t)p.d.region_row_bytes[r]);
-      rq16[r] = rows[r] + 16 * q, rq32[r] = rows[r] + 32 * q;
+      for (int r = 0; r < NR; r++) {
+        rows[r] = pb + p.d.region_off[r] + (int64_t)off * (r == 0 ? p.v.token_stride : (int64_t)p.d.region_row_bytes[r]);
+        rq16[r] = rows[r] + 16 * q, rq32[r] = rows[r] + 32 * q;
+      }
+    } else {
+      static_for<NR>([&](auto rc) {
+        constexpr int r = decltype(rc)::value, c = LS::host.region_chunk[r];
+        rows[r] = pb + p.d.region_off[r] + (int64_t)off * (c ? c : r == 0 ? p.v.token_stride : (int64_t)p.d.region_row_bytes[r]);
+        constexpr int64_t PS = (int64_t)c * LS::host.block_size; // bytes between a token's pieces
+        rq16[r] = rows[r] + (c ? (16 * q) / c * PS + (16 * q) % c : 16 * q);
+        rq32[r] = rows[r] + 32 * q; // bf16 reads only whole rows (rf_pieces_ok)
+      });
     }
     static_for<NI>([&](auto ic) {
       constexpr int i = decltype(ic)::value;
@@ -250,9 +285,9 @@ template <class LS, int DQK, bool F32W = false> struct rf_key {
       if constexpr (rf_window_first(LS::host, i, F32W)) sw[w][0] = sw[w][1] = sw[w][2] = sw[w][3] = 0;
       if (!ok) return;
       if constexpr (is_fp8_kind(a0.kind)) {
-        d[i][0] = __ldg(reinterpret_cast<const uint4 *>(rq16[a0.region] + a0.src));
+        d[i][0] = __ldg(reinterpret_cast<const uint4 *>(rq16[a0.region] + at_of<a0.region, a0.src>()));
         if constexpr (rf_window_first(LS::host, i, F32W)) {
-          const unsigned char *at = rows[a0.sregion] + rf_window_start(LS::host, i, F32W);
+          const unsigned char *at = rows[a0.sregion] + at_of<a0.sregion, rf_window_start(LS::host, i, F32W)>();
           if constexpr (wb == 16) {
             const uint4 v = __ldg(reinterpret_cast<const uint4 *>(at));
             sw[w][0] = v.x, sw[w][1] = v.y, sw[w][2] = v.z, sw[w][3] = v.w;

@@ -6,7 +6,9 @@
  *                not survive nvcc's host stub, hence a type);
  *   spec_<name>  ::host (the constexpr descriptor for host code and constant
  *                expressions), ::name, ::d() (dev_<name> in device code).
- * Expand it over MLA_BUILTIN_LAYOUTS, or for the layouts a kernel serves. */
+ * Expand it over MLA_BUILTIN_LAYOUTS (the built-ins whose rows are whole), or for
+ * the layouts a kernel serves (a chunked one only where the kernel addresses
+ * pieces: mla_region_base). */
 #ifndef MLA_BUILTIN_SPEC_CUH
 #define MLA_BUILTIN_SPEC_CUH
 
@@ -16,7 +18,6 @@
   __device__ constexpr mla_layout_desc dev_##n = init;                                                                 \
   struct spec_##n {                                                                                                    \
     static constexpr mla_layout_desc host = init;                                                                      \
-    static_assert(!mla_layout_chunked(&host), "specialized kernels address whole token rows");                         \
     static constexpr const char *name = #n;                                                                            \
     static __device__ __forceinline__ const mla_layout_desc &d() { return dev_##n; }                                   \
   };
