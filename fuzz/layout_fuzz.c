@@ -30,26 +30,29 @@
 
 #define MAX_BUFFER (4 << 20) /* bytes of cache a case may allocate */
 
-/* 1 if byte `off` of the buffer lies in a token row (any region) of `slot`. */
+/* Buffer offset of byte b of the slot's row in region r (layout_desc.h: mla_region_base). */
+static int64_t row_byte_off(const mla_layout_desc *d, const mla_cache_view *v, int64_t slot, int r, int64_t b) {
+  int64_t page = slot / d->block_size, t = slot % d->block_size, step = mla_region_step(d, r);
+  return page * v->page_stride + mla_region_base(d, r, b) + t * (step ? step : v->token_stride);
+}
+
+/* 1 if byte `off` of the buffer lies in a token row (any region; a chunked one's pieces) of `slot`. */
 static int in_slot_rows(const mla_layout_desc *d, const mla_cache_view *v, int64_t slot, int64_t off) {
-  int64_t page = slot / d->block_size, t = slot % d->block_size;
   for (int r = 0; r < d->nregions; r++) {
-    int64_t row = d->region_row_bytes[r];
-    int64_t lo = page * v->page_stride + d->region_off[r] + t * (r == 0 ? v->token_stride : row);
-    if (off >= lo && off < lo + row) return 1;
+    int64_t row = d->region_row_bytes[r], piece = d->region_chunk[r] > 0 ? d->region_chunk[r] : row;
+    for (int64_t b = 0; b < row; b += piece) {
+      int64_t lo = row_byte_off(d, v, slot, r, b);
+      if (off >= lo && off < lo + piece) return 1;
+    }
   }
   return 0;
 }
 
 static void check_pads_zero(const mla_layout_desc *d, const mla_cache_view *v, int64_t slot) {
-  int64_t page = slot / d->block_size, t = slot % d->block_size;
   for (int f = 0; f < d->nfields; f++) {
     const mla_layout_field *fd = &d->fields[f];
     if (fd->role != MLA_FIELD_PAD) continue;
-    int r = fd->region;
-    const unsigned char *p = v->base + page * v->page_stride + d->region_off[r] +
-                             t * (r == 0 ? v->token_stride : (int64_t)d->region_row_bytes[r]) + fd->byte_off;
-    for (int i = 0; i < fd->count; i++) CHECK(p[i] == 0);
+    for (int i = 0; i < fd->count; i++) CHECK(v->base[row_byte_off(d, v, slot, fd->region, fd->byte_off + i)] == 0);
   }
 }
 
@@ -73,7 +76,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   mla_cache_view v;
   memset(&v, 0, sizeof v);
   v.num_pages = 1 + g[0] % 3;
-  v.token_stride = d.region_row_bytes[0] + (int64_t)(g[1] % 3) * d.token_align;
+  v.token_stride = d.region_row_bytes[0] + (int64_t)(g[1] % 3) * d.token_align; /* a chunked region 0 must refuse a wider one */
   int64_t used = d.region_off[0] + (int64_t)(d.block_size - 1) * v.token_stride + d.region_row_bytes[0];
   int64_t need = used > d.page_bytes ? used : d.page_bytes;
   v.page_stride = (need + d.page_align - 1) / d.page_align * d.page_align + (int64_t)(g[2] % 3) * d.page_align;
