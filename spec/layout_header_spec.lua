@@ -24,10 +24,14 @@ describe("builtin_layouts.h", function()
       local init = text:match("#define MLA_BUILTIN_DESC_" .. spec.name .. " (.-)\n\n")
       assert.is_truthy(init, spec.name)
       assert.is_truthy(init:find("/* page_bytes */ " .. math.tointeger(d.page_bytes) .. "LL", 1, true), spec.name)
-      -- the X-macro lists the built-ins the specialized kernels take: those whose rows are whole
+      -- MLA_BUILTIN_LAYOUTS lists the built-ins whose rows are whole, MLA_BUILTIN_LAYOUTS_ALL every one
       local chunked = false
       for r = 1, d.nregions do chunked = chunked or d.region_chunk[r] > 0 end
-      assert.equal(not chunked, text:find("X(" .. spec.name .. ", MLA_BUILTIN_DESC_" .. spec.name .. ")", 1, true) ~= nil, spec.name)
+      local whole = text:match("#define MLA_BUILTIN_LAYOUTS%(X%)(.-)\n#define")
+      local all = text:match("#define MLA_BUILTIN_LAYOUTS_ALL%(X%)(.-)\n\n")
+      local x = "X(" .. spec.name .. ", MLA_BUILTIN_DESC_" .. spec.name .. ")"
+      assert.equal(not chunked, whole:find(x, 1, true) ~= nil, spec.name)
+      assert.is_truthy(all:find(x, 1, true), spec.name)
       assert.is_truthy(init:find("/* region_chunk */ {" .. table.concat(d.region_chunk, ", "), 1, true), spec.name)
     end
   end)

@@ -220,16 +220,16 @@ function M.builtins_header()
   add(" *")
   add(" * MLA_BUILTIN_DESC_<name> is the aggregate initializer of the mla_layout_desc of a built-in layout at")
   add(" * block_size %d; MLA_BUILTIN_LAYOUTS(X) expands X(name, initializer) for each whose rows are whole (no", bs)
-  add(" * chunked region: the specialized kernels address whole token rows; chunked built-ins run the generic")
-  add(" * kernels). Baked kernels instantiate constexpr-specialized variants from these and select one when the")
-  add(" * runtime descriptor equals it. */")
+  add(" * chunked region), MLA_BUILTIN_LAYOUTS_ALL(X) for every one (for kernels that address pieces too).")
+  add(" * Baked kernels instantiate constexpr-specialized variants from these and select one when the runtime")
+  add(" * descriptor equals it. */")
   add("#ifndef MLA_BUILTIN_LAYOUTS_H")
   add("#define MLA_BUILTIN_LAYOUTS_H")
   add("#include \"dtype_ids.h\"")
   add("#include \"layout_desc.h\"")
   add("")
   add("#define MLA_BUILTIN_BLOCK_SIZE %d", bs)
-  local names = {}
+  local names, all = {}, {}
   for _, spec in ipairs(require "mlalab.layout_builtins") do
     local name = spec.name
     local L = layout.get(name)
@@ -239,6 +239,7 @@ function M.builtins_header()
       local chunked = false
       for r = 1, d.nregions do chunked = chunked or d.region_chunk[r] > 0 end
       if not chunked then names[#names + 1] = id end
+      all[#all + 1] = id
       add("")
       add("/* %s */", (L.doc or name):gsub("%*/", "* /"))
       add("#define MLA_BUILTIN_DESC_%s %s", id, (M.initializer(d, "    "):gsub("\n", " \\\n")))
@@ -248,6 +249,9 @@ function M.builtins_header()
   local xs = {}
   for i, id in ipairs(names) do xs[i] = string.format("X(%s, MLA_BUILTIN_DESC_%s)", id, id) end
   add("#define MLA_BUILTIN_LAYOUTS(X) %s", table.concat(xs, " \\\n  "))
+  xs = {}
+  for i, id in ipairs(all) do xs[i] = string.format("X(%s, MLA_BUILTIN_DESC_%s)", id, id) end
+  add("#define MLA_BUILTIN_LAYOUTS_ALL(X) %s", table.concat(xs, " \\\n  "))
   add("")
   add("#endif")
   return table.concat(o, "\n") .. "\n"

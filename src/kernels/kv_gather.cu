@@ -556,14 +556,16 @@ extern "C" cudaError_t mla_cuda_kv_gather_raw(const mla_kv_cache *c, const mla_k
   bool ran = false;
   const char *name = with_builtin(c->desc, c->view, [&](auto spec) {
     using L = decltype(spec);
-    if (!raw_out_ok<L>(o)) return;
-    static const bool pf = [] {
-      const char *e = getenv("MLALAB_KV_RAW_PF");
-      return !(e && e[0] == '0');
-    }();
-    auto k = pf ? spec_raw_kernel<L, true> : spec_raw_kernel<L, false>;
-    k<<<spec_grid(k, kSpecThreads, (rows + 31) / 32, 4), kSpecThreads, 0, s>>>(c->view, *g, o, rows, bad);
-    ran = true;
+    if constexpr (!mla_layout_chunked(&L::host)) { // whole region rows only: a chunked layout's run generic
+      if (!raw_out_ok<L>(o)) return;
+      static const bool pf = [] {
+        const char *e = getenv("MLALAB_KV_RAW_PF");
+        return !(e && e[0] == '0');
+      }();
+      auto k = pf ? spec_raw_kernel<L, true> : spec_raw_kernel<L, false>;
+      k<<<spec_grid(k, kSpecThreads, (rows + 31) / 32, 4), kSpecThreads, 0, s>>>(c->view, *g, o, rows, bad);
+      ran = true;
+    }
   });
   mla_cuda_kv_note_variant(ran ? name : "generic");
   if (ran) return cudaGetLastError();

@@ -17,6 +17,10 @@
 // specialized code assumes 16-byte-aligned views (base, page and token
 // strides); every token_align-16 layout guarantees it, and a view that is
 // not (an indexer view with a 4-byte page stride) runs the generic kernel.
+// Chunked built-ins (fp8_ds_mla_blocked) are instantiated too: a field's
+// chunk j lives in the piece of its row byte (chunk_addr), the piece
+// offset a shift and a mask of j; the raw and requant variants take whole
+// rows only (raw_out_ok, requant_ok).
 #ifndef MLA_KV_GATHER_SPEC_CUH
 #define MLA_KV_GATHER_SPEC_CUH
 
@@ -34,20 +38,20 @@ using namespace mla_kv;
 
 enum builtin_index {
 #define MLA_KVS_ENUM(n, init) idx_##n,
-  MLA_BUILTIN_LAYOUTS(MLA_KVS_ENUM)
+  MLA_BUILTIN_LAYOUTS_ALL(MLA_KVS_ENUM)
 #undef MLA_KVS_ENUM
       kNumBuiltins
 };
 
 constexpr mla_layout_desc kBuiltins[] = {
 #define MLA_KVS_INIT(n, init) init,
-    MLA_BUILTIN_LAYOUTS(MLA_KVS_INIT)
+    MLA_BUILTIN_LAYOUTS_ALL(MLA_KVS_INIT)
 #undef MLA_KVS_INIT
 };
 
 constexpr const char *kBuiltinNames[] = {
 #define MLA_KVS_NAME(n, init) #n,
-    MLA_BUILTIN_LAYOUTS(MLA_KVS_NAME)
+    MLA_BUILTIN_LAYOUTS_ALL(MLA_KVS_NAME)
 #undef MLA_KVS_NAME
 };
 
@@ -57,7 +61,7 @@ constexpr const char *kBuiltinNames[] = {
     static constexpr const char *name = #n;                                                                            \
     static constexpr int index = idx_##n;                                                                              \
   };
-MLA_BUILTIN_LAYOUTS(MLA_KVS_DEF)
+MLA_BUILTIN_LAYOUTS_ALL(MLA_KVS_DEF)
 #undef MLA_KVS_DEF
 
 // The instantiated variant of a built-in: the first one equal to it for reading.
@@ -88,7 +92,11 @@ template <class L, int F> struct fld {
   static constexpr int c0 = dim_lo / 8;           // first chunk in the row
   static constexpr int cb = chunk_bytes_of(dtype);
   static constexpr int64_t off = L::host.region_off[region] + byte_off; // of token 0's row in the page
-  static constexpr int row = region == 0 ? 0 : L::host.region_row_bytes[region]; // 0: the view's token stride
+  static constexpr int pc = L::host.region_chunk[region];                // piece bytes, 0: whole rows
+  static constexpr int64_t pstride = (int64_t)pc * L::host.block_size;   // between a token's pieces
+  static constexpr int64_t roff = L::host.region_off[region];
+  // 0: the view's token stride; a chunked region's tokens are a piece apart
+  static constexpr int row = pc ? pc : region == 0 ? 0 : L::host.region_row_bytes[region];
   // alignment of a chunk's address in a 16-byte-aligned view
   static constexpr int align = min_i(min_i(pow2_div16(off), pow2_div16(cb)), row ? pow2_div16(row) : 16);
   static constexpr bool vec = align >= min_i(cb, 16);
@@ -97,7 +105,11 @@ template <class L, int F> struct fld {
   static constexpr int ss = scale_bytes_of(sdtype);
   static constexpr int gch = skind == MLA_SCALE_GROUP ? f.group / 8 : 1; // chunks per scale group
   static constexpr int64_t soff = skind == MLA_SCALE_GROUP ? L::host.region_off[f.scale_region] + f.scale_off : 0;
-  static constexpr int srow = skind == MLA_SCALE_GROUP && f.scale_region != 0 ? L::host.region_row_bytes[f.scale_region] : 0;
+  static constexpr int spc = skind == MLA_SCALE_GROUP ? L::host.region_chunk[f.scale_region] : 0;
+  static constexpr int64_t spstride = (int64_t)spc * L::host.block_size;
+  static constexpr int64_t sroff = skind == MLA_SCALE_GROUP ? L::host.region_off[f.scale_region] : 0;
+  static constexpr int srow = spc ? spc
+                              : skind == MLA_SCALE_GROUP && f.scale_region != 0 ? L::host.region_row_bytes[f.scale_region] : 0;
   static constexpr int salign = min_i(min_i(pow2_div16(soff), ss), srow ? pow2_div16(srow) : 16);
   static constexpr bool svec = salign >= ss;
   static constexpr bool fast = dtype == MLA_E4M3 || dtype == MLA_E2M1 || dtype == MLA_BF16; // straight-line decode
@@ -158,11 +170,21 @@ template <int N, class Fn> __host__ __device__ __forceinline__ void static_for(F
 // The stored bytes of chunk j of field Fd of the token row at `pg` (page) / t.
 template <class Fd>
 __device__ __forceinline__ const unsigned char *chunk_addr(const unsigned char *pg, int t, int64_t token_stride, int j) {
-  return pg + Fd::off + (int64_t)j * Fd::cb + (Fd::row ? (int64_t)t * Fd::row : (int64_t)t * token_stride);
+  if constexpr (Fd::pc == 0) {
+    return pg + Fd::off + (int64_t)j * Fd::cb + (Fd::row ? (int64_t)t * Fd::row : (int64_t)t * token_stride);
+  } else { // the piece of row byte b (layout_desc.h, mla_region_base)
+    const int b = Fd::byte_off + j * Fd::cb;
+    return pg + Fd::roff + (int64_t)(b / Fd::pc) * Fd::pstride + b % Fd::pc + (int64_t)t * Fd::pc;
+  }
 }
 template <class Fd>
 __device__ __forceinline__ const unsigned char *scale_addr(const unsigned char *pg, int t, int64_t token_stride, int j) {
-  return pg + Fd::soff + (int64_t)(j / Fd::gch) * Fd::ss + (Fd::srow ? (int64_t)t * Fd::srow : (int64_t)t * token_stride);
+  if constexpr (Fd::spc == 0) {
+    return pg + Fd::soff + (int64_t)(j / Fd::gch) * Fd::ss + (Fd::srow ? (int64_t)t * Fd::srow : (int64_t)t * token_stride);
+  } else {
+    const int b = Fd::f.scale_off + (j / Fd::gch) * Fd::ss;
+    return pg + Fd::sroff + (int64_t)(b / Fd::spc) * Fd::spstride + b % Fd::spc + (int64_t)t * Fd::spc;
+  }
 }
 
 template <class Fd> __device__ __forceinline__ uint4 load_raw(const unsigned char *p) {
@@ -260,7 +282,7 @@ template <class Fn> const char *with_builtin(const mla_layout_desc &d, const mla
       name = builtin_name(d, spec_##n::index);                                                                         \
     }                                                                                                                  \
   }
-  MLA_BUILTIN_LAYOUTS(MLA_KVS_TRY)
+  MLA_BUILTIN_LAYOUTS_ALL(MLA_KVS_TRY)
 #undef MLA_KVS_TRY
   return name;
 }

@@ -204,7 +204,9 @@ constexpr bool rq_fields_ok(const mla_layout_desc &sd, const mla_layout_desc &dd
 }
 
 template <class LS, class LD> constexpr bool requant_ok() {
-  if constexpr (!rq_fields_ok(LS::host, LD::host)) return false;
+  // whole rows only (its pads are zeroed as runs); a chunked layout's requant runs generic
+  if constexpr (mla_layout_chunked(&LS::host) || mla_layout_chunked(&LD::host)) return false;
+  else if constexpr (!rq_fields_ok(LS::host, LD::host)) return false;
   else return rq_slots_ok<LS, LD>(std::make_integer_sequence<int, lay<LD>::nslots>{});
 }
 

@@ -471,7 +471,7 @@ extern "C" cudaError_t mla_cuda_kv_write(const mla_kv_cache *c, const mla_kv_ive
     cudaError_t err = cudaSuccess;
 #define KVW_TRY(n, init) \
     if (try_spec<kvw::spec_##n>(c, slots, src, bad, s, &err)) return err;
-    MLA_BUILTIN_LAYOUTS(KVW_TRY)
+    MLA_BUILTIN_LAYOUTS_ALL(KVW_TRY)
 #undef KVW_TRY
   }
   mla_cuda_kv_note_variant("generic");

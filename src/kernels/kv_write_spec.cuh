@@ -33,7 +33,7 @@
 
 namespace kvw {
 
-MLA_BUILTIN_LAYOUTS(MLA_BUILTIN_SPEC)
+MLA_BUILTIN_LAYOUTS_ALL(MLA_BUILTIN_SPEC)
 
 // ---- compile-time geometry -------------------------------------------------------------
 
@@ -74,6 +74,14 @@ template <class L> constexpr int nregions() { return L::host.nregions; }
 template <class L> constexpr int block_size() { return L::host.block_size; }
 template <class L> constexpr int64_t reg_off(int r) { return L::host.region_off[r]; }
 template <class L> constexpr int reg_row(int r) { return L::host.region_row_bytes[r]; }
+template <class L> constexpr int reg_chunk(int r) { return L::host.region_chunk[r]; }
+// Byte b of a token's row in region R from `row` (its row start, or for a
+// chunked region its first piece: layout_desc.h, mla_region_base).
+template <class L, int R> __device__ __forceinline__ unsigned char *row_at(unsigned char *row, int b) {
+  constexpr int c = reg_chunk<L>(R);
+  if constexpr (c == 0) return row + b;
+  else return row + (int64_t)(b / c) * ((int64_t)c * L::host.block_size) + b % c;
+}
 
 // Slot i (chunks LPT * i + sub) of a lane.
 template <class L> constexpr int slot_field(int i) { return field_of<L>(lpt<L>() * i); }
@@ -173,7 +181,7 @@ template <class L> constexpr bool supported() {
 template <class L> constexpr bool stage_ok() {
   const mla_layout_desc &d = L::host;
   const int R0 = d.region_row_bytes[0];
-  if (R0 <= 0 || R0 % 16) return false;
+  if (R0 <= 0 || R0 % 16 || d.region_chunk[0]) return false; // a chunked row is no contiguous copy
   int covered = 0;
   for (int f = 0; f < d.nfields; f++) {
     const mla_layout_field &F = d.fields[f];
@@ -421,8 +429,9 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
           row[r] = nullptr;
         } else {
           constexpr int64_t ro = reg_off<L>(r);
-          constexpr int rb = reg_row<L>(r);
-          if constexpr (r == 0) {
+          constexpr int rb = reg_row<L>(r), rc = reg_chunk<L>(r);
+          if constexpr (rc) row[r] = pg[u] + ro + tt[u] * rc; // the token's first piece (row_at)
+          else if constexpr (r == 0) {
             if constexpr (ST) row[r] = sbuf + (((threadIdx.x >> 5) * UT + u) * TPW + grp) * R0;
             else row[r] = pg[u] + ro + (int64_t)tt[u] * A.token_stride;
           }
@@ -528,7 +537,7 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
           float dec;
           const uint32_t code = mla_encode_scale(sd, group_scale<L, f>(gam[k], qdiv[f]), &dec);
           constexpr int sreg = fld_sregion<L>(f), so = fld_soff<L>(f) + item_group<L>(k) * scale_bytes_of(sd);
-          if (live && sub == 0) store_scale<sd>(row[sreg] + so, code);
+          if (live && sub == 0) store_scale<sd>(row_at<L, sreg>(row[sreg], so), code);
           idiv[k] = group_divisor<fast_e2m1<L>(f)>(dec);
         });
       } else if constexpr (NI > 1) {
@@ -548,7 +557,7 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
           float dec;
           const uint32_t code = mla_encode_scale(sd, group_scale<L, f>(a, qdiv[f]), &dec);
           constexpr int sreg = fld_sregion<L>(f), so = fld_soff<L>(f), ss = scale_bytes_of(sd);
-          if (live && k < NI) store_scale<sd>(row[sreg] + so + k * ss, code);
+          if (live && k < NI) store_scale<sd>(row_at<L, sreg>(row[sreg], so + k * ss), code);
           const float rc = owner_rcp<fast_e2m1<L>(f)>(dec);
           static_for<P>([&](auto jj) {
             constexpr int j = decltype(jj)::value;
@@ -577,7 +586,7 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
             // group of chunk P * (i + r) + sub within the field
             constexpr int lo8 = fld_lo8<L>(f), sreg = fld_sregion<L>(f), so = fld_soff<L>(f), ss = scale_bytes_of(sd);
             const int g = (P * (i + r) - lo8) / gn + sub / gn;
-            if (live) store_scale<sd>(row[sreg] + so + g * ss, code);
+            if (live) store_scale<sd>(row_at<L, sreg>(row[sreg], so + g * ss), code);
             const int src = lane & ~(gn - 1);
             const float rc = owner_rcp<fast_e2m1<L>(f)>(dec);
             static_for<gn>([&](auto jj) {
@@ -595,7 +604,7 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
           constexpr int f = slot_field<L>(i), dt = fld_dtype<L>(f), sk = fld_skind<L>(f);
           constexpr int cb = chunk_bytes_of(dt);
           constexpr int reg = fld_region<L>(f), doff = slot_dst<L>(i);
-          unsigned char *dst = row[reg] + doff + sub * cb;
+          unsigned char *dst = row_at<L, reg>(row[reg], doff + sub * cb);
           const uint4 x = w[u][i];
           if constexpr (dt == MLA_BF16) {
             *reinterpret_cast<uint4 *>(dst) = make_uint4(mla::bf16x2_canon_nan(x.x), mla::bf16x2_canon_nan(x.y),
@@ -625,9 +634,8 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
             if constexpr (f < nfields<L>()) {
               if constexpr (fld_role<L>(f) == MLA_FIELD_PAD) {
                 constexpr int reg = fld_region<L>(f), boff = fld_byte_off<L>(f), cnt = fld_count<L>(f);
-                unsigned char *p = row[reg] + boff;
 #pragma unroll
-                for (int b = 0; b < cnt; b++) p[b] = 0;
+                for (int b = 0; b < cnt; b++) *row_at<L, reg>(row[reg], boff + b) = 0;
               }
             }
           });

@@ -3,9 +3,9 @@
  *
  * MLA_BUILTIN_DESC_<name> is the aggregate initializer of the mla_layout_desc of a built-in layout at
  * block_size 64; MLA_BUILTIN_LAYOUTS(X) expands X(name, initializer) for each whose rows are whole (no
- * chunked region: the specialized kernels address whole token rows; chunked built-ins run the generic
- * kernels). Baked kernels instantiate constexpr-specialized variants from these and select one when the
- * runtime descriptor equals it. */
+ * chunked region), MLA_BUILTIN_LAYOUTS_ALL(X) for every one (for kernels that address pieces too).
+ * Baked kernels instantiate constexpr-specialized variants from these and select one when the runtime
+ * descriptor equals it. */
 #ifndef MLA_BUILTIN_LAYOUTS_H
 #define MLA_BUILTIN_LAYOUTS_H
 #include "dtype_ids.h"
@@ -198,6 +198,17 @@
   X(fp8_pertensor, MLA_BUILTIN_DESC_fp8_pertensor) \
   X(fp8_ds_mla, MLA_BUILTIN_DESC_fp8_ds_mla) \
   X(fp8_ds_mla_amax, MLA_BUILTIN_DESC_fp8_ds_mla_amax) \
+  X(fp8_v4, MLA_BUILTIN_DESC_fp8_v4) \
+  X(fp8_v4_vllm, MLA_BUILTIN_DESC_fp8_v4_vllm) \
+  X(indexer_fp8, MLA_BUILTIN_DESC_indexer_fp8) \
+  X(indexer_fp8_ue8m0, MLA_BUILTIN_DESC_indexer_fp8_ue8m0) \
+  X(fp4_v41, MLA_BUILTIN_DESC_fp4_v41) \
+  X(fp8_v41, MLA_BUILTIN_DESC_fp8_v41)
+#define MLA_BUILTIN_LAYOUTS_ALL(X) X(bf16, MLA_BUILTIN_DESC_bf16) \
+  X(fp8_pertensor, MLA_BUILTIN_DESC_fp8_pertensor) \
+  X(fp8_ds_mla, MLA_BUILTIN_DESC_fp8_ds_mla) \
+  X(fp8_ds_mla_amax, MLA_BUILTIN_DESC_fp8_ds_mla_amax) \
+  X(fp8_ds_mla_blocked, MLA_BUILTIN_DESC_fp8_ds_mla_blocked) \
   X(fp8_v4, MLA_BUILTIN_DESC_fp8_v4) \
   X(fp8_v4_vllm, MLA_BUILTIN_DESC_fp8_v4_vllm) \
   X(indexer_fp8, MLA_BUILTIN_DESC_indexer_fp8) \
