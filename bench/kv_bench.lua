@@ -101,9 +101,7 @@ local function case(name, build, tradeoff_of)
   cases[#cases + 1] = { name = name, build = build, tradeoff_of = tradeoff_of }
 end
 -- Cases only a generic kernel serves (the relayout requant: the specialized
--- requant takes whole rows and ungrouped sources; random rows of a chunked
--- layout, each of them pieces in separate sectors): measured, verdict
--- GENERIC, no target.
+-- requant takes whole rows and ungrouped sources): measured, verdict GENERIC, no target.
 
 -- The copy itself, timed like the kernels (cold: the same L2 flush, one call
 -- per sample behind the blocking kernel) at each size: a same-conditions
@@ -154,15 +152,14 @@ case("gather_sparse fp8_ds_mla 262144 rows", sparse_case("fp8_ds_mla", SPARSE_RO
 case("gather_sparse fp8_ds_mla 262144 rows 61-layer view", sparse_case("fp8_ds_mla", SPARSE_ROWS, true))
 for _, lname in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_blocked", "fp8_v4", "fp4_v41", "fp8_v41" } do
   case("gather_sparse " .. lname, sparse_case(lname))
-  cases[#cases].generic = mla.layout.get(lname):chunked()
 end
 
-local function dense_case(lname, bytes)
-  local L = mla.layout.get(lname)
+case("gather_dense fp8_ds_mla", function(bytes)
+  local L = mla.layout.get("fp8_ds_mla")
   local per = L.token_bytes + 2 * L.dim
   local nreq = cpu and 2 or 64
   local len = (bytes // per) // nreq // BS * BS
-  local c = pool(lname, len * nreq)
+  local c = pool("fp8_ds_mla", len * nreq)
   local v = fill(c, 0)
   local _, p = shuffled_slots(len * nreq)
   local bt, cu = {}, { 0 }
@@ -175,10 +172,7 @@ local function dense_case(lname, bytes)
   local out = mla.empty({ len * nreq, L.dim }, "bf16", dev)
   return function() K.gather_dense(v, btt, cut, { out = out, check = false }) end, len * nreq * per,
       string.format("%d requests x %d tokens", nreq, len)
-end
-case("gather_dense fp8_ds_mla", function(bytes) return dense_case("fp8_ds_mla", bytes) end)
--- dense runs of a chunked layout: pieces of consecutive tokens read together
-case("gather_dense fp8_ds_mla_blocked", function(bytes) return dense_case("fp8_ds_mla_blocked", bytes) end)
+end)
 
 case("gather_raw indexer_fp8", function(bytes)
   local n = bytes // (2 * 132) // BS * BS

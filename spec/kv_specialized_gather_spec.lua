@@ -78,9 +78,6 @@ end
 -- Every gather of one cache: CPU reference vs the GPU twin, specialization on and off.
 local function check_gathers(name, v, g, L, nb, bs, variant, seed)
   rng(seed)
-  -- random slots of a chunked layout (sparse, referenced) and its raw rows run the generic kernels;
-  -- dense runs and whole pages (compact) take the variant
-  local scattered = L:chunked() and "generic" or variant
   local nslots = nb * bs
   for _, itype in ipairs { "i32", "i64" } do
     local n = math.random(200, 400)
@@ -95,7 +92,7 @@ local function check_gathers(name, v, g, L, nb, bs, variant, seed)
         local out, rm = mla.full({ n, ncols }, 3, "bf16", "cuda"), mla.empty({ n, 1 }, itype, "cuda")
         K.gather_sparse(g, stg, { out = out, remap = rm })
         return { out, rm }
-      end, scattered, string.format("%s sparse %s ncols %d", name, itype, ncols))
+      end, variant, string.format("%s sparse %s ncols %d", name, itype, ncols))
     end
     -- referenced (the graph-safe fallback): a [T, W] index matrix
     local idx = st:narrow(0, 0, 192):reshape({ 6, 32 })
@@ -104,7 +101,7 @@ local function check_gathers(name, v, g, L, nb, bs, variant, seed)
     check_both({ r1, m1 }, function()
       local r, m = K.gather_referenced(g, idxg)
       return { r, m }
-    end, scattered, name .. " referenced " .. itype)
+    end, variant, name .. " referenced " .. itype)
   end
   -- dense and raw, with start offsets; rows past cu[B] keep the sentinel
   local b = S.dense_batch(nb, bs, 5, true)
@@ -119,8 +116,9 @@ local function check_gathers(name, v, g, L, nb, bs, variant, seed)
     return out
   end, variant, name .. " dense")
   local rw = K.gather_raw(v, b.bt, b.cu, { seq_starts = b.starts, num_rows = rows })
-  check_both(rw, function() return K.gather_raw(g, btg, cug, { seq_starts = ssg, num_rows = rows }) end, scattered,
-    name .. " raw")
+  -- the raw variant copies whole region rows: a chunked layout's raw rows come from the generic kernel
+  check_both(rw, function() return K.gather_raw(g, btg, cug, { seq_starts = ssg, num_rows = rows }) end,
+    L:chunked() and "generic" or variant, name .. " raw")
   -- compaction: whole referenced pages (gather_pages), then the remap
   local idx = {}
   for t = 1, 4 do

@@ -13,8 +13,6 @@
 // (bf16 copies, e4m3 / e2m1 codes with f32 / ue8m0 / e4m3 / tensor scales) get
 // straight-line code. The raw gather copies 32 rows per batch through
 // registers, all loads of a pass group before the stores.
-#include <type_traits>
-
 #include "kv_common.cuh"
 
 namespace {
@@ -384,25 +382,17 @@ template <class Src>
 cudaError_t gather_any(const mla_kv_cache *c, const Src &src, int64_t rows, const mla_kv_rows *out,
                        unsigned long long *bad, cudaStream_t s) {
   static const int rr = env_int("MLALAB_KV_SPEC_ROWS", 2);
-  bool ran = false;
   const char *name = with_builtin(c->desc, c->view, [&](auto spec) {
     using L = decltype(spec);
-    // Random slots of a chunked layout: each row is pieces in separate sectors, and the generic
-    // kernel's cp.async ring keeps more of them in flight (fp8_ds_mla_blocked 75% of memcpy
-    // against 39%: bench/RESULTS.md, thirtieth session). Whole pages and dense runs read pieces
-    // of consecutive tokens together and take the variant.
-    if constexpr (!(mla_layout_chunked(&L::host) && std::is_same<Src, SparseSrc>::value)) {
-      ran = true;
-      if (rows == 0 || out->cols == 0) return;
-      if (rr == 1) spec_gather_launch<L, Src, 1>(c, src, rows, out, bad, s);
-      else if constexpr (L::host.page_bytes / L::host.block_size <= 320) {
-        if (rr == 4) spec_gather_launch<L, Src, 4>(c, src, rows, out, bad, s);
-        else spec_gather_launch<L, Src, 2>(c, src, rows, out, bad, s);
-      } else spec_gather_launch<L, Src, 2>(c, src, rows, out, bad, s);
-    }
+    if (rows == 0 || out->cols == 0) return;
+    if (rr == 1) spec_gather_launch<L, Src, 1>(c, src, rows, out, bad, s);
+    else if constexpr (L::host.page_bytes / L::host.block_size <= 320) {
+      if (rr == 4) spec_gather_launch<L, Src, 4>(c, src, rows, out, bad, s);
+      else spec_gather_launch<L, Src, 2>(c, src, rows, out, bad, s);
+    } else spec_gather_launch<L, Src, 2>(c, src, rows, out, bad, s);
   });
-  mla_cuda_kv_note_variant(ran ? name : "generic");
-  if (ran) return cudaGetLastError();
+  mla_cuda_kv_note_variant(name ? name : "generic");
+  if (name) return cudaGetLastError();
   return launch_gather(c, src, rows, out, bad, s);
 }
 
