@@ -101,7 +101,10 @@ local function case(name, build, tradeoff_of)
   cases[#cases + 1] = { name = name, build = build, tradeoff_of = tradeoff_of }
 end
 -- Cases only a generic kernel serves (the relayout requant: the specialized
--- requant takes whole rows and ungrouped sources): measured, verdict GENERIC, no target.
+-- requant takes whole rows and ungrouped sources): measured, verdict GENERIC,
+-- no target. Cases bound by their layout (random rows of a chunked layout:
+-- each row is pieces in separate 32-byte sectors, about twice its bytes):
+-- verdict LAYOUT, no target.
 
 -- The copy itself, timed like the kernels (cold: the same L2 flush, one call
 -- per sample behind the blocking kernel) at each size: a same-conditions
@@ -152,14 +155,15 @@ case("gather_sparse fp8_ds_mla 262144 rows", sparse_case("fp8_ds_mla", SPARSE_RO
 case("gather_sparse fp8_ds_mla 262144 rows 61-layer view", sparse_case("fp8_ds_mla", SPARSE_ROWS, true))
 for _, lname in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_blocked", "fp8_v4", "fp4_v41", "fp8_v41" } do
   case("gather_sparse " .. lname, sparse_case(lname))
+  cases[#cases].layout_bound = mla.layout.get(lname):chunked()
 end
 
-case("gather_dense fp8_ds_mla", function(bytes)
-  local L = mla.layout.get("fp8_ds_mla")
+local function dense_case(lname, bytes)
+  local L = mla.layout.get(lname)
   local per = L.token_bytes + 2 * L.dim
   local nreq = cpu and 2 or 64
   local len = (bytes // per) // nreq // BS * BS
-  local c = pool("fp8_ds_mla", len * nreq)
+  local c = pool(lname, len * nreq)
   local v = fill(c, 0)
   local _, p = shuffled_slots(len * nreq)
   local bt, cu = {}, { 0 }
@@ -172,7 +176,10 @@ case("gather_dense fp8_ds_mla", function(bytes)
   local out = mla.empty({ len * nreq, L.dim }, "bf16", dev)
   return function() K.gather_dense(v, btt, cut, { out = out, check = false }) end, len * nreq * per,
       string.format("%d requests x %d tokens", nreq, len)
-end)
+end
+case("gather_dense fp8_ds_mla", function(bytes) return dense_case("fp8_ds_mla", bytes) end)
+-- dense runs of a chunked layout: pieces of consecutive tokens read together
+case("gather_dense fp8_ds_mla_blocked", function(bytes) return dense_case("fp8_ds_mla_blocked", bytes) end)
 
 case("gather_raw indexer_fp8", function(bytes)
   local n = bytes // (2 * 132) // BS * BS
@@ -331,7 +338,10 @@ for _, cs in ipairs(cases) do
         local verdict = cpu and "n/a (cpu smoke run)" or ok and "PASS" or "FAIL"
         local base = cs.tradeoff_of
         local ref = base and medians[base .. "@" .. size]
-        if cs.generic and not cpu then
+        if cs.layout_bound and not cpu then
+          ok, verdict = nil, "LAYOUT"
+          note = note .. "; each random row is pieces in separate sectors (about twice its bytes fetched)"
+        elseif cs.generic and not cpu then
           ok, verdict = nil, "GENERIC"
           note = note .. "; the generic kernel (no specialized variant for this case)"
         elseif base and not cpu then
@@ -371,7 +381,7 @@ B.table(results)
 print()
 print("verdicts (>= 90% of cudaMemcpy D2D at 1 GiB; the 262144-row sparse gather also >= 2600 GB/s; TRADE-OFF: a"
   .. " host round trip by design, shown as the time it adds to the kernels it shares; GENERIC: a case only a"
-  .. " generic kernel serves, no target):")
+  .. " generic kernel serves, no target; LAYOUT: bound by the layout's scattered pieces, no target):")
 for _, v in ipairs(verdicts) do print("  " .. v) end
 print(string.format("%d of %d cases below target; results in %s/kv_bench.jsonl", failed, #verdicts, args.out))
 os.exit(failed == 0 and 0 or 1)
