@@ -229,7 +229,7 @@ function M.builtins_header()
   add("#include \"layout_desc.h\"")
   add("")
   add("#define MLA_BUILTIN_BLOCK_SIZE %d", bs)
-  local names, all = {}, {}
+  local names, chunked_ids = {}, {}
   for _, spec in ipairs(require "mlalab.layout_builtins") do
     local name = spec.name
     local L = layout.get(name)
@@ -238,8 +238,7 @@ function M.builtins_header()
       local id = name:gsub("[^%w_]", "_")
       local chunked = false
       for r = 1, d.nregions do chunked = chunked or d.region_chunk[r] > 0 end
-      if not chunked then names[#names + 1] = id end
-      all[#all + 1] = id
+      if chunked then chunked_ids[#chunked_ids + 1] = id else names[#names + 1] = id end
       add("")
       add("/* %s */", (L.doc or name):gsub("%*/", "* /"))
       add("#define MLA_BUILTIN_DESC_%s %s", id, (M.initializer(d, "    "):gsub("\n", " \\\n")))
@@ -249,8 +248,9 @@ function M.builtins_header()
   local xs = {}
   for i, id in ipairs(names) do xs[i] = string.format("X(%s, MLA_BUILTIN_DESC_%s)", id, id) end
   add("#define MLA_BUILTIN_LAYOUTS(X) %s", table.concat(xs, " \\\n  "))
-  xs = {}
-  for i, id in ipairs(all) do xs[i] = string.format("X(%s, MLA_BUILTIN_DESC_%s)", id, id) end
+  -- every built-in: the whole-row ones, then the chunked ones
+  xs = { "MLA_BUILTIN_LAYOUTS(X)" }
+  for _, id in ipairs(chunked_ids) do xs[#xs + 1] = string.format("X(%s, MLA_BUILTIN_DESC_%s)", id, id) end
   add("#define MLA_BUILTIN_LAYOUTS_ALL(X) %s", table.concat(xs, " \\\n  "))
   add("")
   add("#endif")

@@ -204,16 +204,7 @@
   X(indexer_fp8_ue8m0, MLA_BUILTIN_DESC_indexer_fp8_ue8m0) \
   X(fp4_v41, MLA_BUILTIN_DESC_fp4_v41) \
   X(fp8_v41, MLA_BUILTIN_DESC_fp8_v41)
-#define MLA_BUILTIN_LAYOUTS_ALL(X) X(bf16, MLA_BUILTIN_DESC_bf16) \
-  X(fp8_pertensor, MLA_BUILTIN_DESC_fp8_pertensor) \
-  X(fp8_ds_mla, MLA_BUILTIN_DESC_fp8_ds_mla) \
-  X(fp8_ds_mla_amax, MLA_BUILTIN_DESC_fp8_ds_mla_amax) \
-  X(fp8_ds_mla_blocked, MLA_BUILTIN_DESC_fp8_ds_mla_blocked) \
-  X(fp8_v4, MLA_BUILTIN_DESC_fp8_v4) \
-  X(fp8_v4_vllm, MLA_BUILTIN_DESC_fp8_v4_vllm) \
-  X(indexer_fp8, MLA_BUILTIN_DESC_indexer_fp8) \
-  X(indexer_fp8_ue8m0, MLA_BUILTIN_DESC_indexer_fp8_ue8m0) \
-  X(fp4_v41, MLA_BUILTIN_DESC_fp4_v41) \
-  X(fp8_v41, MLA_BUILTIN_DESC_fp8_v41)
+#define MLA_BUILTIN_LAYOUTS_ALL(X) MLA_BUILTIN_LAYOUTS(X) \
+  X(fp8_ds_mla_blocked, MLA_BUILTIN_DESC_fp8_ds_mla_blocked)
 
 #endif
