@@ -56,14 +56,16 @@ __host__ __device__ constexpr rf_chunk rf_chunk_at(const mla_layout_desc &d, int
 __host__ __device__ constexpr rf_chunk rf_pair(const mla_layout_desc &d, int i, int h = 0) { return rf_chunk_at(d, rf_chunk_index(i, 0, h)); }
 
 // A chunked region (layout_desc.h) is register-fed where a thread's loads
-// stay in pieces and split additively: the offset of row byte 64 i + 16 q
-// (pair i, quarter q) is that of 64 i plus that of 16 q, so the quarter's
-// part is one per-thread base and the pair's an immediate. True for pieces
-// of 16 or 32 bytes or a multiple of 64; bf16 (32-byte quarter) runs only
-// in whole rows.
-__host__ __device__ constexpr bool rf_pieces_ok(const mla_layout_desc &d, int r, bool bf16) {
+// stay in pieces and split additively: the offset of row byte src + 16 q
+// (pair i's first byte src, quarter q) is that of src plus that of 16 q, so
+// the quarter's part is one per-thread base and the pair's an immediate.
+// True for pieces of 16 or 32 bytes that src starts, or multiples of 64 with
+// src on a 64-byte boundary; bf16 (32-byte quarters) runs only in whole rows.
+__host__ __device__ constexpr bool rf_pieces_ok(const mla_layout_desc &d, int r, int src, bool bf16) {
   const int c = d.region_chunk[r];
-  return c == 0 || (!bf16 && (c == 16 || c == 32 || c % 64 == 0));
+  if (c == 0) return true;
+  if (bf16) return false;
+  return (c == 16 || c == 32) ? src % c == 0 : c % 64 == 0 && src % 64 == 0;
 }
 // Offset of row byte b of region r from the key's first byte in it (its row
 // start, or its first piece): b itself where rows are whole.
@@ -84,8 +86,9 @@ __host__ __device__ constexpr bool rf_ok(const mla_layout_desc &d, int dqk) {
     if (is_fp8_kind(a0.kind) && (a1.kind != a0.kind || a1.region != a0.region || a1.src != a0.src + 8 || a0.src % 16 ||
                                  a1.sregion != a0.sregion || a1.ssrc != a0.ssrc))
       return false;
-    if (a0.kind != SK_ZERO && !rf_pieces_ok(d, a0.region, a0.kind == SK_COPY)) return false;
-    if (a1.kind != SK_ZERO && !rf_pieces_ok(d, a1.region, a1.kind == SK_COPY)) return false;
+    // an e4m3 pair is one 16-byte load from a0.src; bf16 halves are two loads, both in whole rows
+    if (a0.kind != SK_ZERO && !rf_pieces_ok(d, a0.region, a0.src, a0.kind == SK_COPY)) return false;
+    if (a1.kind == SK_COPY && !rf_pieces_ok(d, a1.region, a1.src, true)) return false;
     for (int h = 0; h < 2; h++) {
       const rf_chunk a = h ? a1 : a0;
       if (a.kind != SK_ZERO && region_gran(d, a.region) < 16) return false;
