@@ -30,10 +30,9 @@
 
 #define MAX_BUFFER (4 << 20) /* bytes of cache a case may allocate */
 
-/* Buffer offset of byte b of the slot's row in region r (layout_desc.h: mla_region_base). */
+/* Buffer offset of byte b of the slot's row in region r (layout_desc.h: mla_view_byte). */
 static int64_t row_byte_off(const mla_layout_desc *d, const mla_cache_view *v, int64_t slot, int r, int64_t b) {
-  int64_t page = slot / d->block_size, t = slot % d->block_size, step = mla_region_step(d, r);
-  return page * v->page_stride + mla_region_base(d, r, b) + t * (step ? step : v->token_stride);
+  return mla_view_byte(d, v, slot / d->block_size, slot % d->block_size, r, b) - v->base;
 }
 
 /* 1 if byte `off` of the buffer lies in a token row (any region; a chunked one's pieces) of `slot`. */

@@ -213,9 +213,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
     p.reg_bytes[r] = d->region_row_bytes[r];
     p.reg_gran[r] = region_granularity(*d, *v, r);
     p.reg_upp[r] = d->region_chunk[r] > 0 ? d->region_chunk[r] / p.reg_gran[r] : 0;
-    p.reg_ushift[r] = -1;
-    for (int k = 0; k < 31; k++)
-      if (p.reg_upp[r] == 1 << k) p.reg_ushift[r] = k;
+    p.reg_ushift[r] = mla_log2_exact(p.reg_upp[r]);
     pitch += round16(d->region_row_bytes[r]);
   }
   if (!p.identity && pitch * BN > (int64_t)props.max_smem_optin)

@@ -116,9 +116,8 @@ __device__ __forceinline__ void copy_row(uint32_t dst, const unsigned char *src,
 }
 
 // Region r's row of token `off` from a chunked page, in row order: units u =
-// j, j + 8, ... of gran bytes (gran divides the piece), unit u % upp of piece
-// u / upp (layout_desc.h, mla_region_base; a shift where upp is a power of
-// two); a missing key (!ok) gives zeros.
+// j, j + 8, ... of gran bytes, each from its piece (mla_piece_unit_off's
+// rule, written out); a missing key (!ok) gives zeros.
 __device__ __forceinline__ void stage_pieces(const params &p, int r, const unsigned char *page_base, int64_t off,
                                              unsigned char *dst, int j, bool ok) {
   const int gran = p.reg_gran[r], n = p.reg_bytes[r] / gran, upp = p.reg_upp[r], sh = p.reg_ushift[r];

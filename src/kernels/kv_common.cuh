@@ -152,29 +152,14 @@ struct stage_geom {
   int bytes[MLA_LAYOUT_MAX_REGIONS];
   int soff[MLA_LAYOUT_MAX_REGIONS];
   int gran[MLA_LAYOUT_MAX_REGIONS];
-  int upp[MLA_LAYOUT_MAX_REGIONS];    // chunked regions: gran-byte units a piece (0: rows whole)
-  int ushift[MLA_LAYOUT_MAX_REGIONS]; // log2 of upp, -1 when not a power of two
+  int upp[MLA_LAYOUT_MAX_REGIONS];    // chunked regions: gran-byte units a piece (0: rows whole) and
+  int ushift[MLA_LAYOUT_MAX_REGIONS]; // its log2 (mla_piece_unit_off)
 };
 
 inline int copy_granularity(uintptr_t a, int64_t page_stride, int64_t row_stride, int64_t bytes) {
   for (int g = 16; g >= 4; g /= 2)
     if (a % g == 0 && page_stride % g == 0 && row_stride % g == 0 && bytes % g == 0) return g;
   return 1;
-}
-
-// log2 of n when n is a power of two, else -1.
-inline int log2_exact(int n) {
-  for (int k = 0; k < 31; k++)
-    if (n == 1 << k) return k;
-  return -1;
-}
-
-// Offset of gran-byte unit i of a chunked region's row (in row order) from
-// the token's first piece: unit i % upp of piece i / upp, pieces pstride
-// bytes apart (block_size x piece; layout_desc.h, mla_region_base).
-__device__ __forceinline__ int64_t piece_unit_off(int i, int gran, int upp, int ushift, int64_t pstride) {
-  const unsigned piece = ushift >= 0 ? (unsigned)i >> ushift : (unsigned)i / (unsigned)upp;
-  return (int64_t)piece * pstride + (i - (int)piece * upp) * gran;
 }
 
 inline stage_geom make_stage_geom(const mla_layout_desc &d, const mla_cache_view &v) {
@@ -188,7 +173,7 @@ inline stage_geom make_stage_geom(const mla_layout_desc &d, const mla_cache_view
     g.gran[r] = copy_granularity((uintptr_t)v.base + (uintptr_t)d.region_off[r], v.page_stride, step ? step : v.token_stride,
                                  d.region_chunk[r] > 0 ? d.region_chunk[r] : d.region_row_bytes[r]);
     g.upp[r] = d.region_chunk[r] > 0 ? d.region_chunk[r] / g.gran[r] : 0;
-    g.ushift[r] = log2_exact(g.upp[r]);
+    g.ushift[r] = mla_log2_exact(g.upp[r]);
     off += (d.region_row_bytes[r] + 15) / 16 * 16;
   }
   g.pitch = off > 0 ? off : 16;
@@ -208,7 +193,7 @@ __device__ __forceinline__ void stage_token(const mla_layout_desc &d, const mla_
       const int gr = g.gran[r], c = d.region_chunk[r];
       const unsigned char *row = page + d.region_off[r] + t * c;
       for (int i = lane; i < n / gr; i += 32) {
-        const unsigned char *src = row + piece_unit_off(i, gr, g.upp[r], g.ushift[r], (int64_t)c * d.block_size);
+        const unsigned char *src = row + mla_piece_unit_off(i, gr, g.upp[r], g.ushift[r], (int64_t)c * d.block_size);
         if (gr == 16) mla::cp_async16(sd + 16 * i, src, 16);
         else if (gr == 8) mla::cp_async8(sd + 8 * i, src, 8);
         else if (gr == 4) mla::cp_async4(sd + 4 * i, src, 4);

@@ -252,7 +252,7 @@ __global__ void __launch_bounds__(kThreads, 4) gather_raw_kernel(const __grid_co
           const int c = d.region_chunk[r];
           const unsigned char *srow = p + d.region_off[r] + (int64_t)t * c;
           for (int i = lane; i < per_tok; i += 32) {
-            const unsigned char *src = srow + piece_unit_off(i, G > 1 ? G : 1, out.upp[r], out.ushift[r], (int64_t)c * d.block_size);
+            const unsigned char *src = srow + mla_piece_unit_off(i, G > 1 ? G : 1, out.upp[r], out.ushift[r], (int64_t)c * d.block_size);
             if (G == 16) reinterpret_cast<uint4 *>(orow)[i] = *reinterpret_cast<const uint4 *>(src);
             else if (G == 8) reinterpret_cast<uint2 *>(orow)[i] = *reinterpret_cast<const uint2 *>(src);
             else if (G == 4) reinterpret_cast<uint32_t *>(orow)[i] = *reinterpret_cast<const uint32_t *>(src);
@@ -551,7 +551,7 @@ extern "C" cudaError_t mla_cuda_kv_gather_raw(const mla_kv_cache *c, const mla_k
     const int gd = copy_granularity((uintptr_t)out[r], out_stride[r], out_stride[r], c->desc.region_row_bytes[r]);
     o.gran[r] = gs < gd ? gs : gd;
     o.upp[r] = c->desc.region_chunk[r] > 0 ? c->desc.region_chunk[r] / o.gran[r] : 0;
-    o.ushift[r] = log2_exact(o.upp[r]);
+    o.ushift[r] = mla_log2_exact(o.upp[r]);
   }
   bool ran = false;
   const char *name = with_builtin(c->desc, c->view, [&](auto spec) {

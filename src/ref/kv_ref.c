@@ -118,10 +118,9 @@ int mla_ref_kv_gather_pages(const mla_kv_cache *c, const mla_kv_ivec *pages, con
   return 0;
 }
 
-/* Byte b of token t's row in region r of page `page` (layout_desc.h: mla_region_base). */
+/* Byte b of token t's row in region r of page `page`. */
 static unsigned char *region_byte(const mla_kv_cache *c, int64_t page, int64_t t, int r, int64_t b) {
-  const int64_t step = mla_region_step(&c->desc, r);
-  return c->view.base + page * c->view.page_stride + mla_region_base(&c->desc, r, b) + t * (step ? step : c->view.token_stride);
+  return mla_view_byte(&c->desc, &c->view, page, t, r, b);
 }
 
 int mla_ref_kv_gather_raw(const mla_kv_cache *c, const mla_kv_dense *g, unsigned char *const *out,

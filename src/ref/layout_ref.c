@@ -9,8 +9,7 @@
 
 /* Byte b of the slot's row in region r (layout_desc.h: mla_region_base). */
 static unsigned char *row_byte(const mla_layout_desc *d, const mla_cache_view *v, int64_t slot, int r, int64_t b) {
-  int64_t page = slot / d->block_size, t = slot % d->block_size, step = mla_region_step(d, r);
-  return v->base + page * v->page_stride + mla_region_base(d, r, b) + t * (step ? step : v->token_stride);
+  return mla_view_byte(d, v, slot / d->block_size, slot % d->block_size, r, b);
 }
 
 /* Element e of a field as (pointer, index) for mla_load/store_double: the

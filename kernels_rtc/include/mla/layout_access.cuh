@@ -16,8 +16,7 @@ namespace mla {
  * chunked region's piece holding b: mla_region_base). */
 __device__ __forceinline__ unsigned char *row_byte(const mla_layout_desc &d, const mla_cache_view &v, int64_t page,
                                                    int64_t t, int r, int64_t b) {
-  const int64_t step = mla_region_step(&d, r);
-  return v.base + page * v.page_stride + mla_region_base(&d, r, b) + t * (step ? step : v.token_stride);
+  return mla_view_byte(&d, &v, page, t, r, b);
 }
 
 /* N bytes from p into a register array, with a vector load when aligned. */

@@ -110,6 +110,28 @@ MLA_HD MLA_CONSTEXPR int64_t mla_region_base(const mla_layout_desc *d, int r, in
 MLA_HD MLA_CONSTEXPR int64_t mla_region_step(const mla_layout_desc *d, int r) {
   return d->region_chunk[r] > 0 ? d->region_chunk[r] : r == 0 ? 0 : d->region_row_bytes[r];
 }
+/* Byte b of token t's row in region r of page `page` of a view: the one
+ * address rule every reader of a cache uses (references, generic kernels,
+ * the fuzzer). */
+MLA_HD unsigned char *mla_view_byte(const mla_layout_desc *d, const mla_cache_view *v, int64_t page, int64_t t, int r,
+                                    int64_t b) {
+  const int64_t step = mla_region_step(d, r);
+  return v->base + page * v->page_stride + mla_region_base(d, r, b) + t * (step ? step : v->token_stride);
+}
+/* A chunked region copied in units of `gran` bytes (gran divides the piece):
+ * unit i of a token's row is unit i % upp of piece i / upp (upp = piece /
+ * gran), pieces pstride = block_size x piece bytes apart; the offset is from
+ * the token's first piece. `shift` = log2(upp) where upp is a power of two
+ * (mla_log2_exact, else -1) spares the division. */
+MLA_HD int mla_log2_exact(int n) {
+  for (int k = 0; k < 31; k++)
+    if (n == 1 << k) return k;
+  return -1;
+}
+MLA_HD int64_t mla_piece_unit_off(int i, int gran, int upp, int shift, int64_t pstride) {
+  const unsigned piece = shift >= 0 ? (unsigned)i >> shift : (unsigned)i / (unsigned)upp;
+  return (int64_t)piece * pstride + (i - (int)piece * upp) * gran;
+}
 /* Whether any region is chunked (kernels that address whole rows take only unchunked layouts). */
 MLA_HD MLA_CONSTEXPR int mla_layout_chunked(const mla_layout_desc *d) {
   for (int r = 0; r < MLA_LAYOUT_MAX_REGIONS; r++)
