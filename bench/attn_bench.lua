@@ -61,6 +61,8 @@ local groups = {
     { kind = "dense", layout = "bf16", b = 128, s_q = 1, h_q = 128, len = 4096 },
     { kind = "dense", layout = "bf16", b = 128, s_q = 2, h_q = 128, len = 4096 },
     { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 1, h_q = 128, len = 4096 },
+    { kind = "dense", layout = "fp8_v4", b = 128, s_q = 1, h_q = 128, len = 4096 },
+    { kind = "dense", layout = "fp8_pertensor", b = 128, s_q = 1, h_q = 128, len = 4096 },
   },
   sparse = {
     { kind = "sparse", layout = "fp8_ds_mla", b = 128, s_q = 2, h_q = 128, topk = 2048, pool = 131072 },
