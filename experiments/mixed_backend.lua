@@ -95,12 +95,13 @@ end
 print("\n== 2. pairing matrix: every built-in prefill x decode x stored layout ==")
 local NOTES = {
   ["bf16/sparse_prefill_bf16"] = "[a]", ["fp8_pertensor/sparse_kv_fp8/trtllm_fp8"] = "[b]",
-  ["fp8_ds_mla/sparse_prefill_bf16/sparse_kv_fp8"] = "[c]",
+  ["fp8_ds_mla/sparse_prefill_bf16/sparse_kv_fp8"] = "[c]", ["fp8_ds_mla/sparse_kv_fp8/dense_fp8_blocked"] = "[d]",
+  ["fp8_ds_mla_blocked/sparse_kv_fp8/dense_fp8_blocked"] = "[e]",
 }
 print(PR.matrix_header())
 local refused, reasons = {}, {}
 local rows = PR.matrix {
-  stores = { "bf16", "fp8_pertensor", "fp8_ds_mla" }, size = MATRIX, impl = impl,
+  stores = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_blocked" }, size = MATRIX, impl = impl,
   progress = function(row)
     if row.status == "REFUSED" then -- grouped below, by reason
       local key = row.store .. ": " .. row.refusal.short
@@ -116,6 +117,8 @@ local rows = PR.matrix {
 }
 print("[a] sglang #21835: a bf16 pool with the sparse bf16 prefill needs PAGED (RAGGED crashed upstream)")
 print("[b] sglang #21011, the seeds' pair   [c] a 656 B pool read by the bf16 sparse prefill: ragged dequant, RAGGED")
+print("[d] FlashMLA's page-blocked dense decode on the sparse kernel's 656 B pool: a relayout every decode step")
+print("[e] the same pair storing the page-blocked layout: one relayout per prefill instead of one per decode step")
 print("refused, with the reason (the other phase's backends in brackets):")
 for _, key in ipairs(reasons) do
   local seen, uniq = {}, {}

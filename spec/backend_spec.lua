@@ -84,6 +84,28 @@ describe("pairing", function()
       "unknown kv_dtype")
   end)
 
+  it("FlashMLA's page-blocked dense decode on a 656 B pool relayouts per call; a page-blocked pool relayouts back for the sparse kernel", function()
+    local p = mla.pair { prefill = "sparse_kv_fp8", decode = "dense_fp8_blocked", store = "fp8_ds_mla" }
+    assert.is_nil(p.prefill.conversion)
+    assert.equal("relayout", p.decode.conversion.name)
+    assert.equal("fp8_ds_mla_blocked", p.decode.reads)
+    assert.equal("call", p.decode.where)
+    assert.equal("dense", p.decode.topk)
+    local _, parts = p:extra_bytes(1000, 100, 10)
+    assert.equal(10 * 1000 * (656 + 656), parts.decode)
+    local q = mla.pair { prefill = "sparse_kv_fp8", decode = "dense_fp8_blocked", kv_dtype = "fp8" }
+    assert.equal("fp8_ds_mla_blocked", q.stored)
+    assert.equal("relayout", q.prefill.conversion.name)
+    assert.equal("fp8_ds_mla", q.prefill.reads)
+    assert.equal("prefill", q.prefill.where)
+    assert.equal("PAGED", q.prefill.topk) -- the relayout keeps the pages, so slot ids stay valid
+    assert.is_nil(q.decode.conversion)
+    S.assert_error_contains(function() mla.pair { prefill = "trtllm_fp8", decode = "dense_fp8_blocked", store = "fp8_pertensor" } end,
+      "store fp8_ds_mla and convert with relayout")
+    S.assert_error_contains(function() mla.pair { prefill = "trtllm_fp8", decode = "sparse_kv_fp8", store = "fp8_ds_mla_blocked" } end,
+      "per-128 scales cannot become one tensor scale losslessly")
+  end)
+
   it("whole-pool dequant is opt-in and its bytes scale with the pool", function()
     S.assert_error_contains(function() mla.pair { prefill = "sparse_kv_fp8", decode = "dense_bf16", store = "fp8_ds_mla" } end,
       "allow = {'dequant_pool'}")
@@ -95,7 +117,7 @@ describe("pairing", function()
   end)
 
   it("the full matrix resolves or errors with a reason, never anything else", function()
-    local stores = { "bf16", "fp8_pertensor", "fp8_ds_mla" }
+    local stores = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_blocked" }
     local resolved, refused = 0, 0
     for _, pre in ipairs(B.list()) do
       for _, dec in ipairs(B.list()) do

@@ -28,8 +28,8 @@ describe("experiments on the CPU", function()
   it("mixed_backend: the seeds' pair, the matrix and the caught bugs", function()
     local r = run { "experiments/mixed_backend.lua" }
     assert_passed(r, "mixed_backend")
-    for _, text in ipairs { "requant/prefill", "sglang #21835", "20 pairs run and match the reference",
-      "refused, with the reason", "caught: prefill out" } do
+    for _, text in ipairs { "requant/prefill", "sglang #21835", "26 pairs run and match the reference",
+      "relayout/call", "relayout/prefill", "refused, with the reason", "caught: prefill out" } do
       assert.truthy(r.stdout:find(text, 1, true), text)
     end
   end)

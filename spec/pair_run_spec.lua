@@ -6,8 +6,8 @@ local S = require "support"
 local PR = mla.pair_run
 
 local PREFILLS = { "sparse_prefill_bf16", "sparse_kv_fp8", "trtllm_fp8", "dense_bf16" }
-local DECODES = { "sparse_kv_fp8", "trtllm_fp8", "dense_bf16" }
-local STORES = { "bf16", "fp8_pertensor", "fp8_ds_mla" }
+local DECODES = { "sparse_kv_fp8", "trtllm_fp8", "dense_bf16", "dense_fp8_blocked" }
+local STORES = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_blocked" }
 
 local function small(seed)
   return { b = 2, kv_lens = { 70 + seed % 13, 41 }, s_q = 3, h_q = 4, topk = 64, block_size = 16, device = "cpu" }
@@ -58,8 +58,8 @@ describe("pairing matrix on the CPU", function()
         end
       end
     end
-    for _, k in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "PAGED", "RAGGED", "dense", "requant", "quantize",
-      "dequant_ragged" } do
+    for _, k in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_blocked", "PAGED", "RAGGED", "dense", "requant",
+      "quantize", "dequant_ragged", "relayout" } do
       assert.is_true(seen[k] == true, k .. " never ran")
     end
   end)

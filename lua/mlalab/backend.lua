@@ -101,6 +101,16 @@ local conversions = {
     where = { prefill = "call", decode = "call" },
   },
   {
+    name = "relayout", from = "fp8_ds_mla", to = "fp8_ds_mla_blocked", lossless = true,
+    doc = "move each 656 B row into FlashMLA's dense page-blocked pieces (codes and scale bits unchanged)",
+    where = { prefill = "prefill", decode = "call" },
+  },
+  {
+    name = "relayout", from = "fp8_ds_mla_blocked", to = "fp8_ds_mla", lossless = true,
+    doc = "gather the page-blocked pieces back into 656 B rows (codes and scale bits unchanged)",
+    where = { prefill = "prefill", decode = "call" },
+  },
+  {
     name = "dequant_pool", from = "*", to = "bf16", lossless = false, opt_in = true,
     doc = "dequantize the whole pool to bf16 pages on every call (the fallback of vLLM #41962: memory and bytes "
       .. "scale with the pool, not with what is referenced)",
@@ -158,10 +168,16 @@ local function why_not(stored, b, phase, allow)
       hints[#hints + 1] = string.format("allow = {'%s'} (%s)", c.name, c.doc)
     end
   end
+  -- the reason, from the stored layout's scales
+  local why = "none is defined"
+  for _, f in ipairs(require("mlalab.layout").get(stored).fields) do
+    if f.scale and f.scale.kind == "group" then
+      why = string.format("per-%d scales cannot become one tensor scale losslessly", f.scale.group)
+      break
+    end
+  end
   local msg = string.format("%s backend '%s' reads %s, and no conversion from the stored layout %s exists (%s); "
-    .. "to make it work: %s", phase, b.name, reads, stored,
-    stored == "fp8_ds_mla" and "per-128 scales cannot become one tensor scale losslessly" or "none is defined",
-    table.concat(hints, ", or "))
+    .. "to make it work: %s", phase, b.name, reads, stored, why, table.concat(hints, ", or "))
   return { phase = phase, backend = b.name, stored = stored, hints = hints, message = msg,
     short = string.format("%s %s reads %s, not %s", phase, b.name, table.concat(b.read_list, "|"), stored) }
 end
@@ -296,6 +312,12 @@ backend.register {
   name = "dense_bf16", phases = { "prefill", "decode" }, reads = { "bf16" }, input = "paged", sparse = false,
   models = "a dense paged bf16 MLA kernel (FlashMLA dense decode / fa3)", run = backend.attend,
   doc = "dense attention over bf16 pages through a block table and cache lengths.",
+}
+backend.register {
+  name = "dense_fp8_blocked", phases = { "decode" }, reads = { "fp8_ds_mla_blocked" }, input = "paged", sparse = false,
+  models = "FlashMLA flash_mla_with_kvcache dense, V3.2 FP8 page-blocked 656 B", run = backend.attend,
+  doc = "dense attention over FlashMLA's page-blocked 656 B fp8 pages (NoPE pieces, then scales, then RoPE) through "
+    .. "a block table and cache lengths.",
 }
 
 return backend

@@ -10,7 +10,7 @@
 -- Conversions keep the pool's page geometry (same pages, same block size), so
 -- PAGED slot ids address the converted pool too; dequant_ragged makes flat
 -- bf16 rows of the requests' tokens (RAGGED: position + request offset).
--- A researcher's conversion may carry its own `prepare(scn, phase, stored_view)`.
+-- A researcher's conversion may carry its own `prepare(scn, phase, stored_view, conversion)`.
 local mla = require "mlalab"
 local K = require "mlalab.kernels"
 
@@ -60,6 +60,13 @@ function builtin.quantize(scn, _, stored)
   }
 end
 
+-- fp8_ds_mla <-> fp8_ds_mla_blocked, the whole pool: requant's relayout moves codes and scale bits unchanged.
+function builtin.relayout(scn, _, stored, conv)
+  local dst = like(scn, conv.to)
+  local v = dst:view(0)
+  return { cache = v, rows = scn.pool_tokens, run = function(check) K.requant(stored, v, { check = check }) end }
+end
+
 -- any pool -> bf16 pages: every slot dequantized straight into the bf16 pool's rows.
 function builtin.dequant_pool(scn, _, stored)
   local dst = like(scn, "bf16")
@@ -94,7 +101,7 @@ function M.prepare(scn, ph, phase)
   end
   local f = c.prepare or builtin[c.name]
   if not f then fail("conversion '%s' has no executor (give it prepare = function(scn, phase, stored))", c.name) end
-  local input = f(scn, phase, stored)
+  local input = f(scn, phase, stored, c)
   input.name = c.name
   return input
 end

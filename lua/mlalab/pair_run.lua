@@ -223,14 +223,14 @@ local function names(list, phase)
   return out
 end
 
---- matrix{stores = {"bf16", "fp8_pertensor", "fp8_ds_mla"}, prefills =, decodes = (default: every
+--- matrix{stores = {"bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_blocked"}, prefills =, decodes = (default: every
 -- registered backend of the phase), allow = {...}, size = scenario options, impl, check_q, time, bench}
 -- -> rows { store, prefill, decode, status = PASS | FAIL | ERROR | REFUSED, result | refusal }.
 -- One scenario per stored layout, shared by its pairs (references computed once).
 function M.matrix(o)
   o = o or {}
   local rows = {}
-  for _, st in ipairs(o.stores or { "bf16", "fp8_pertensor", "fp8_ds_mla" }) do
+  for _, st in ipairs(o.stores or { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_blocked" }) do
     local scn
     for _, pre in ipairs(names(o.prefills, "prefill")) do
       for _, dec in ipairs(names(o.decodes, "decode")) do
@@ -264,7 +264,7 @@ local function conv_cell(r)
   return r.conversion .. "/" .. r.where
 end
 
-local MATRIX_FMT = "%-13s %-19s %-6s %-20s %-13s %-6s %-20s %s"
+local MATRIX_FMT = "%-18s %-19s %-6s %-20s %-17s %-6s %-20s %s"
 
 function M.matrix_header()
   return string.format(MATRIX_FMT, "stored", "prefill", "top-k", "conversion", "decode", "top-k", "conversion", "verdict")
