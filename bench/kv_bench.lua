@@ -100,9 +100,7 @@ local cases = {}
 local function case(name, build, tradeoff_of)
   cases[#cases + 1] = { name = name, build = build, tradeoff_of = tradeoff_of }
 end
--- Cases only a generic kernel serves (the relayout requant: the specialized
--- requant takes whole rows and ungrouped sources): measured, verdict GENERIC,
--- no target. Cases bound by their layout (random rows of a chunked layout:
+-- Cases bound by their layout (random rows of a chunked layout:
 -- each row is pieces in separate 32-byte sectors, about twice its bytes):
 -- verdict LAYOUT, no target.
 
@@ -209,15 +207,16 @@ case("requant fp8_pertensor -> fp8_ds_mla", function(bytes)
       string.format("%d tokens, 576 B read + 656 B written", n)
 end)
 
--- a relayout: codes and scales moved to their page-blocked places (the generic kernel)
-case("requant fp8_ds_mla -> fp8_ds_mla_blocked", function(bytes)
-  local n = bytes // (2 * 656) // BS * BS
-  local src = fill(pool("fp8_ds_mla", n), 0)
-  local dst = pool("fp8_ds_mla_blocked", n):view(0)
-  return function() K.requant(src, dst, { check = false }) end, n * 2 * 656,
-      string.format("%d tokens, 656 B read + 656 B written", n)
-end)
-cases[#cases].generic = true
+-- relayouts: codes and scales moved to (and from) their page-blocked places
+for _, pr in ipairs { { "fp8_ds_mla", "fp8_ds_mla_blocked" }, { "fp8_ds_mla_blocked", "fp8_ds_mla" } } do
+  case(string.format("requant %s -> %s", pr[1], pr[2]), function(bytes)
+    local n = bytes // (2 * 656) // BS * BS
+    local src = fill(pool(pr[1], n), 0)
+    local dst = pool(pr[2], n):view(0)
+    return function() K.requant(src, dst, { check = false }) end, n * 2 * 656,
+        string.format("%d tokens, 656 B read + 656 B written", n)
+  end)
+end
 
 -- The fallbacks' inputs: T x W random indices into an fp8_ds_mla pool of
 -- twice as many slots (per = bytes read + written per dequantized row).
@@ -341,9 +340,6 @@ for _, cs in ipairs(cases) do
         if cs.layout_bound and not cpu then
           ok, verdict = nil, "LAYOUT"
           note = note .. "; each random row is pieces in separate sectors (about twice its bytes fetched)"
-        elseif cs.generic and not cpu then
-          ok, verdict = nil, "GENERIC"
-          note = note .. "; the generic kernel (no specialized variant for this case)"
         elseif base and not cpu then
           -- a design trade-off, not a kernel: shown as the time it adds to the kernels it shares
           ok, verdict = nil, "TRADE-OFF"
@@ -380,8 +376,7 @@ print()
 B.table(results)
 print()
 print("verdicts (>= 90% of cudaMemcpy D2D at 1 GiB; the 262144-row sparse gather also >= 2600 GB/s; TRADE-OFF: a"
-  .. " host round trip by design, shown as the time it adds to the kernels it shares; GENERIC: a case only a"
-  .. " generic kernel serves, no target; LAYOUT: bound by the layout's scattered pieces, no target):")
+  .. " host round trip by design, shown as the time it adds to the kernels it shares; LAYOUT: bound by the layout's scattered pieces, no target):")
 for _, v in ipairs(verdicts) do print("  " .. v) end
 print(string.format("%d of %d cases below target; results in %s/kv_bench.jsonl", failed, #verdicts, args.out))
 os.exit(failed == 0 and 0 or 1)

@@ -148,12 +148,13 @@ describe("specialized KV gathers vs generic vs CPU #gpu", function()
     end
   end
 
-  -- [3]: the variant with specialization on (relayouts of group-scaled dims and chunked layouts have no
-  -- specialized requant)
+  -- [3]: the variant with specialization on (group-scaled dims dequantized to bf16 have no specialized
+  -- requant; relayouts of group-scaled dims and chunked layouts do)
   for _, pair in ipairs { { "fp8_pertensor", "fp8_ds_mla" }, { "fp8_pertensor", "fp8_ds_mla_amax" },
-    { "fp8_pertensor", "bf16" }, { "bf16", "bf16" }, { "fp8_ds_mla", "fp8_ds_mla_blocked", "generic" },
-    { "fp8_pertensor", "fp8_ds_mla_blocked", "generic" },
-    { "fp8_ds_mla_blocked", "fp8_ds_mla", "generic" }, { "fp8_v4", "fp8_v4_vllm", "generic" } } do
+    { "fp8_pertensor", "bf16" }, { "bf16", "bf16" }, { "fp8_ds_mla", "fp8_ds_mla_blocked" },
+    { "fp8_pertensor", "fp8_ds_mla_blocked" }, { "fp8_ds_mla_blocked", "fp8_ds_mla" },
+    { "fp8_ds_mla_blocked", "fp8_ds_mla_blocked" }, { "fp8_ds_mla", "fp8_ds_mla" }, { "fp8_v4", "fp8_v4_vllm" },
+    { "fp8_v41", "fp8_v41" }, { "fp4_v41", "fp4_v41" }, { "fp8_ds_mla", "bf16", "generic" } } do
     for _, kind in ipairs { "contiguous", "61-layer view" } do
       it(string.format("requant %s -> %s, %s: specialized and generic bytes identical to the CPU", pair[1], pair[2], kind),
         function()

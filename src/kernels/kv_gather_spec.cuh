@@ -19,8 +19,8 @@
 // not (an indexer view with a 4-byte page stride) runs the generic kernel.
 // Chunked built-ins (fp8_ds_mla_blocked) are instantiated too: a field's
 // chunk j lives in the piece of its row byte (chunk_addr), the piece
-// offset a shift and a mask of j; the raw and requant variants take whole
-// rows only (raw_out_ok, requant_ok).
+// offset a shift and a mask of j; the raw variants take whole rows only
+// (raw_out_ok), requant a destination whose pads lie in whole rows.
 #ifndef MLA_KV_GATHER_SPEC_CUH
 #define MLA_KV_GATHER_SPEC_CUH
 

@@ -149,9 +149,10 @@ void requant_launch(const mla_kv_cache *src, const mla_kv_cache *dst, const stag
 // together): lane j of each destination field's pass k handles chunk
 // j + 32 k of the field, loads the source chunk holding the same dims (the
 // pair is checked at compile time: each pass reads one source field), then
-// copies the codes (+ the group's f32 scale from its first chunk's lane) or
-// stores bf16(decode * tensor scale). PAD fields are zeroed. Direct loads and
-// stores, no staging.
+// copies the codes (+ the group's scale from its first chunk's lane: the
+// tensor scale as f32, or a relayout's source scale bits) or stores
+// bf16(decode * tensor scale). PAD fields are zeroed. Chunked layouts address
+// their pieces (chunk_addr, scale_addr). Direct loads and stores, no staging.
 #include "kv_gather_spec.cuh"
 
 namespace {
@@ -190,7 +191,14 @@ constexpr bool rq_fields_ok(const mla_layout_desc &sd, const mla_layout_desc &dd
     const int a = src_field_for(sd, c0, c0 + 8), b = src_field_for(dd, c0, c0 + 8);
     if (a < 0 || b < 0) return false;
     const mla_layout_field &fs = sd.fields[a], &fd = dd.fields[b];
-    if (fs.scale_kind == MLA_SCALE_GROUP) return false;
+    if (fs.scale_kind == MLA_SCALE_GROUP && fd.scale_kind == MLA_SCALE_GROUP) {
+      // a relayout: codes and scale bits move unchanged (same types, groups and group phase)
+      if (fd.dtype != fs.dtype || fd.group != fs.group || fd.scale_dtype != fs.scale_dtype ||
+          (c0 - fs.dim_lo) % fs.group != (c0 - fd.dim_lo) % fd.group)
+        return false;
+      continue;
+    }
+    if (fs.scale_kind == MLA_SCALE_GROUP) return false; // dequantized to bf16: the generic kernel
     if (fd.scale_kind == MLA_SCALE_GROUP) {
       if (fd.dtype != fs.dtype || fd.scale_dtype != MLA_F32) return false;
       const int g0 = fd.dim_lo + (c0 - fd.dim_lo) / fd.group * fd.group;
@@ -203,10 +211,15 @@ constexpr bool rq_fields_ok(const mla_layout_desc &sd, const mla_layout_desc &dd
   return true;
 }
 
+// Pads are zeroed as runs of a row: none may lie in a chunked region.
+constexpr bool pads_whole(const mla_layout_desc &d) {
+  for (int f = 0; f < d.nfields; f++)
+    if (d.fields[f].role == MLA_FIELD_PAD && d.region_chunk[d.fields[f].region] != 0) return false;
+  return true;
+}
+
 template <class LS, class LD> constexpr bool requant_ok() {
-  // whole rows only (its pads are zeroed as runs); a chunked layout's requant runs generic
-  if constexpr (mla_layout_chunked(&LS::host) || mla_layout_chunked(&LD::host)) return false;
-  else if constexpr (!rq_fields_ok(LS::host, LD::host)) return false;
+  if constexpr (!pads_whole(LD::host) || !rq_fields_ok(LS::host, LD::host)) return false;
   else return rq_slots_ok<LS, LD>(std::make_integer_sequence<int, lay<LD>::nslots>{});
 }
 
@@ -262,9 +275,18 @@ __global__ void __launch_bounds__(kRqThreads, 4)
           else if constexpr (Fd::vec && Fd::cb == 4) *reinterpret_cast<uint32_t *>(d) = q.x;
           else if constexpr (Fd::vec && Fd::cb == 16) *reinterpret_cast<uint4 *>(d) = q;
           else copy_chunk(Fd::cb, false, d, chunk_addr<Fs>(sp[r], tt[r], sv.token_stride, js));
-          if (j % Fd::gch == 0)
-            mla::store4(const_cast<unsigned char *>(scale_addr<Fd>(dp[r], tt[r], dv.token_stride, j)),
-                        __float_as_uint(Fs::skind == MLA_SCALE_TENSOR ? ts : 1.0f));
+          if (j % Fd::gch == 0) {
+            unsigned char *sd = const_cast<unsigned char *>(scale_addr<Fd>(dp[r], tt[r], dv.token_stride, j));
+            if constexpr (Fs::skind == MLA_SCALE_GROUP) { // a relayout: the source scale's bits
+              const unsigned char *ss = scale_addr<Fs>(sp[r], tt[r], sv.token_stride, js);
+              if constexpr (Fd::ss == 4 && Fd::svec && Fs::svec)
+                *reinterpret_cast<uint32_t *>(sd) = __ldg(reinterpret_cast<const uint32_t *>(ss));
+              else
+                for (int i = 0; i < Fd::ss; i++) sd[i] = ss[i];
+            } else {
+              mla::store4(sd, __float_as_uint(Fs::skind == MLA_SCALE_TENSOR ? ts : 1.0f));
+            }
+          }
         } else { // bf16: the dequantized value
           const uint4 o = dequant<Fs>(raw[r][s], 0, ts, chunk_addr<Fs>(sp[r], tt[r], sv.token_stride, js));
           if constexpr (Fd::vec) *reinterpret_cast<uint4 *>(d) = o;
