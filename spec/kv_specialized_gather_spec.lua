@@ -154,7 +154,8 @@ describe("specialized KV gathers vs generic vs CPU #gpu", function()
     { "fp8_pertensor", "bf16" }, { "bf16", "bf16" }, { "fp8_ds_mla", "fp8_ds_mla_blocked" },
     { "fp8_pertensor", "fp8_ds_mla_blocked" }, { "fp8_ds_mla_blocked", "fp8_ds_mla" },
     { "fp8_ds_mla_blocked", "fp8_ds_mla_blocked" }, { "fp8_ds_mla", "fp8_ds_mla" }, { "fp8_v4", "fp8_v4_vllm" },
-    { "fp8_v41", "fp8_v41" }, { "fp4_v41", "fp4_v41" }, { "fp8_ds_mla", "bf16", "generic" } } do
+    { "fp8_v41", "fp8_v41" }, { "fp4_v41", "fp4_v41" }, { "indexer_fp8", "indexer_fp8" },
+    { "fp8_ds_mla", "bf16", "generic" } } do
     for _, kind in ipairs { "contiguous", "61-layer view" } do
       it(string.format("requant %s -> %s, %s: specialized and generic bytes identical to the CPU", pair[1], pair[2], kind),
         function()
