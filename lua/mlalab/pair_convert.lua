@@ -100,7 +100,7 @@ function M.prepare(scn, ph, phase)
     return { cache = cache, rows = 0, run = function() end }
   end
   local f = c.prepare or builtin[c.name]
-  if not f then fail("conversion '%s' has no executor (give it prepare = function(scn, phase, stored))", c.name) end
+  if not f then fail("conversion '%s' has no executor (give it prepare = function(scn, phase, stored, conversion))", c.name) end
   local input = f(scn, phase, stored, c)
   input.name = c.name
   return input

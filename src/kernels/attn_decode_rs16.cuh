@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
     mla::bar_sync(bar_max(wgi), 128); // the votes
     float alpha[2][2] = {{1.f, 1.f}, {1.f, 1.f}};
     int e_new = e_run;
-    const bool slow = *reinterpret_cast<const volatile int *>(qmax_w + 10 + 2 * wgi + (it & 1)) != 0;
+    const bool slow = *reinterpret_cast<const volatile int *>(flag) != 0;
     if (slow) {
       // the tile's maxima (and largest key exponent) over the warpgroup's four warps
       float mx[2][2] = {{-CUDART_INF_F, -CUDART_INF_F}, {-CUDART_INF_F, -CUDART_INF_F}};
