@@ -1,7 +1,7 @@
 --- Quick A/B timing of the issue's fp8 decode shapes, for comparing two builds in one
 -- device run (no reference rates: use attn_bench.lua for figures of record):
 --   for bin in $OLD $NEW $OLD $NEW; do $bin bench/attn_ab.lua [compute|memory] [seconds]; done
--- compute (default): the five compute-bound shapes (h_q = 128, dense L4096 fp8 and bf16, sparse
+-- compute (default): the six compute-bound shapes (h_q = 128, dense L4096 fp8 and bf16, sparse
 -- topk 2048); memory: the memory-bound ones (b = 128, 16 rows: h_q 16 at L4096 and L8192, and
 -- s_q 2 x h_q 8). Seconds per case default to 0.5.
 local AB = require "mlalab.attention_bench"
@@ -10,6 +10,7 @@ local sets = {
   compute = {
     { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 1, h_q = 128, len = 4096 },
     { kind = "dense", layout = "fp8_v4", b = 128, s_q = 1, h_q = 128, len = 4096 },
+    { kind = "dense", layout = "fp8_pertensor", b = 128, s_q = 1, h_q = 128, len = 4096 },
     { kind = "dense", layout = "bf16", b = 128, s_q = 1, h_q = 128, len = 4096 },
     { kind = "sparse", layout = "fp8_ds_mla", b = 128, s_q = 2, h_q = 128, topk = 2048, pool = 131072 },
     { kind = "sparse", layout = "fp8_v4", b = 128, s_q = 2, h_q = 128, topk = 2048, pool = 131072 },

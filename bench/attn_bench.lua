@@ -5,7 +5,7 @@
 --                 fp8 built-ins run their compile-time-specialized kernels (variant column:
 --                 wgmma16rs on Hopper), points with specialize = "slice" the V-slice kernel,
 --                 with specialize = false the generic kernel
---   compute-bound: h_q = 128, dense                            (target >= 50% of GEMM)
+--   compute-bound: h_q = 128, dense, context 4K (and 8K, 32K)  (target >= 50% of GEMM)
 --   sparse fp8: h_q = 128, s_q = 2, topk 2048, b = 128         (target >= 40% of GEMM)
 --
 --   mlalab bench/attn_bench.lua [--out DIR] [--only memory|compute|sparse|jit] [--max-time S]
@@ -63,6 +63,13 @@ local groups = {
     { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 1, h_q = 128, len = 4096 },
     { kind = "dense", layout = "fp8_v4", b = 128, s_q = 1, h_q = 128, len = 4096 },
     { kind = "dense", layout = "fp8_pertensor", b = 128, s_q = 1, h_q = 128, len = 4096 },
+    -- longer contexts, where a CTA's fixed cost weighs less (the issue's memory-bound range: 4K to 32K)
+    { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 1, h_q = 128, len = 8192 },
+    { kind = "dense", layout = "fp8_v4", b = 128, s_q = 1, h_q = 128, len = 8192 },
+    { kind = "dense", layout = "fp8_pertensor", b = 128, s_q = 1, h_q = 128, len = 8192 },
+    { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 1, h_q = 128, len = 32768 },
+    { kind = "dense", layout = "fp8_v4", b = 128, s_q = 1, h_q = 128, len = 32768 },
+    { kind = "dense", layout = "fp8_pertensor", b = 128, s_q = 1, h_q = 128, len = 32768 },
   },
   sparse = {
     { kind = "sparse", layout = "fp8_ds_mla", b = 128, s_q = 2, h_q = 128, topk = 2048, pool = 131072 },
