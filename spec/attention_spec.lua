@@ -397,6 +397,8 @@ describe("attention argument errors", function()
     err({ cache = case.view.pages }, "cache must be a cache view")
     err({ specialize = "no" }, 'specialize must be true, false (the generic kernel) or "slice" (the V-slice kernel for 16-row tiles), got "no"')
     err({ specialize = 1 }, '"slice" (the V-slice kernel for 16-row tiles), got a number')
+    err({ splits = 1.5 }, "splits must be an integer, got 1.5")
+    err({ splits = "2" }, "splits must be an integer, got 2")
   end)
 
   it("asks for the per-tensor scale of an fp8_pertensor cache given as bare pages", function()

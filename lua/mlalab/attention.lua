@@ -140,6 +140,7 @@ function M.prepare(o)
     fail("specialize must be true, false (the generic kernel) or \"slice\" (the V-slice kernel for 16-row tiles), got %s",
       type(o.specialize) == "string" and string.format("%q", o.specialize) or "a " .. type(o.specialize))
   end
+  if o.splits ~= nil and math.type(o.splits) ~= "integer" then fail("splits must be an integer, got %s", tostring(o.splits)) end
   if sparse and o.causal then fail("causal applies to dense decode; sparse queries see exactly their indices") end
   if not sparse and o.topk_len ~= nil then fail("topk_len applies to sparse decode (with indices)") end
   local scale = o.scale or 1 / math.sqrt(L.k_dims)
