@@ -13,9 +13,11 @@
 //   WG_BF16: plain bf16 rows, copied by cp.async straight into the swizzled
 //     tile (KB = 64, two tiles).
 //   WG_REGS: a built-in fp8 layout on a 16-byte aligned view: each thread
-//     loads its share of one key's token row into registers a tile ahead and,
-//     before waiting for P, converts it into the other K buffer, so the
-//     conversion of tile u + 1 overlaps S(u) and P V(u) overlaps S(u + 1)
+//     loads its share of one key's token row into registers a tile ahead and
+//     converts it into the other K buffer: before waiting for P, so that the
+//     conversion of tile u + 1 overlaps S(u) and P V(u) overlaps S(u + 1); or,
+//     for layouts without scale exponents (pv_first), once P V(u) is issued,
+//     so that the tensor cores run P V(u) during the conversion
 //     (KB = 64, two tiles, no raw stage; attn_wg_regs.cuh). The fp8
 //     built-ins run in codes mode (rf_codes_ok): f16 K blocks of code x
 //     f16(s / 2^E), f16 Q and P; bf16 RoPE blocks (and for fp8_v4 one e4m3
@@ -231,6 +233,13 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   constexpr bool RSUM = MODE != WG_BF16; // normalize by the sum of the rounded P (plain bf16 rows: no dequant error to leave room for)
   using CO = codes_of<LS, DQK>;
   constexpr bool CODES = CO::on, HAS_E = CO::has_e, MIXED = CO::mixed; // see rf_codes_ok
+  // Register-fed tiles converted once P V is issued: the tensor cores then run
+  // P V(u) while tile u + 1 converts, instead of idling until S(u + 1)
+  // (fp8_pertensor h128 8-9% faster). Not with scale exponents: there every
+  // form tried (tile u + 1's exponents gathered behind the loaders' barrier,
+  // or from its scale windows loaded a tile ahead) was even to 11% slower
+  // (bench/RESULTS.md, thirty-second session).
+  constexpr bool PV_FIRST = REGS && !HAS_E;
   static_assert(!MIXED || !PK, "a bf16 P twin needs P tiles of its own");
   extern __shared__ __align__(16) unsigned char smem_window[];
   unsigned char *smem = smem_window + ((1024 - (mla::smem_addr(smem_window) & 1023)) & 1023);
@@ -487,7 +496,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   for (int e = 0; e < 128; e++) o[e] = 0.f;
   for (int u = 0; u < niter; u++) {
     const int kb = u % NKB, pb = u % NPB, nkb = (u + 1) % NKB;
-    if (REGS) {
+    if (REGS && !PV_FIRST) {
       // Tile u + 1, in registers since last iteration, into the buffer of tile
       // u - 1, whose S (P_FULL(u - 1) seen) and P V (waited for by both
       // warpgroups) are done; then tile u + 2's loads, while S(u) runs.
@@ -507,6 +516,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
         mla::bar_arrive(BAR_FULL0 + nkb, NT);
         if (u + 2 < niter) rf_load(u + 2);
       }
+    } else if (REGS) { // PV_FIRST: tile u + 1 goes in once P V(u) is issued, below
     } else if (STAGED) {
       // Tile u + 1: its raw rows landed; its K buffer held tile u - 2, whose S and
       // P V are done (P_FULL(u - 2) seen, P V(u - 2) waited for last iteration).
@@ -556,6 +566,16 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       else mla::wgmma_m64n256k16_bf16_tb(o, da, db, 1);
     }
     mla::wgmma_commit();
+    if (PV_FIRST && u + 1 < niter) {
+      // Tile u + 1 into the buffer of tile u - 1 while the tensor cores run
+      // P V(u): S(u - 1) is done (P_FULL(u - 1) seen) and so is every thread's
+      // P V(u - 1) (each waited for its own before the P_FULL(u) barrier); then
+      // tile u + 2's loads.
+      rf_store(u + 1, e_nx);
+      mla::fence_proxy_async();
+      mla::bar_arrive(BAR_FULL0 + nkb, NT);
+      if (u + 2 < niter) rf_load(u + 2);
+    }
     if (!STAGED) {
       if (!REGS && u + 1 < niter) {
         mla::cp_async_wait<0>();
