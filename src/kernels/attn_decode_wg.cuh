@@ -237,8 +237,9 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   // P V(u) while tile u + 1 converts, instead of idling until S(u + 1)
   // (fp8_pertensor h128 8-9% faster). Not with scale exponents: there every
   // form tried (tile u + 1's exponents gathered behind the loaders' barrier,
-  // or from its scale windows loaded a tile ahead) was even to 11% slower
-  // (bench/RESULTS.md, thirty-second session).
+  // from its scale windows loaded a tile ahead, or one E for the whole split)
+  // was even to 11% slower, the scaled conversion (HMUL2) apparently competing
+  // with P V (bench/RESULTS.md, thirty-second session).
   constexpr bool PV_FIRST = REGS && !HAS_E;
   static_assert(!MIXED || !PK, "a bf16 P twin needs P tiles of its own");
   extern __shared__ __align__(16) unsigned char smem_window[];
