@@ -497,11 +497,12 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   for (int e = 0; e < 128; e++) o[e] = 0.f;
   for (int u = 0; u < niter; u++) {
     const int kb = u % NKB, pb = u % NPB, nkb = (u + 1) % NKB;
-    if (REGS && !PV_FIRST) {
+    if (REGS) {
       // Tile u + 1, in registers since last iteration, into the buffer of tile
       // u - 1, whose S (P_FULL(u - 1) seen) and P V (waited for by both
-      // warpgroups) are done; then tile u + 2's loads, while S(u) runs.
-      if (u + 1 < niter) {
+      // warpgroups) are done; then tile u + 2's loads, while S(u) runs
+      // (PV_FIRST: once P V(u) is issued, below).
+      if (!PV_FIRST && u + 1 < niter) {
         // tile 1's scale maxima are gathered here, not in the prologue, so
         // that S(0) does not wait for tile 1's loads
         if (HAS_E && u == 0) e_gather(1);
@@ -517,7 +518,6 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
         mla::bar_arrive(BAR_FULL0 + nkb, NT);
         if (u + 2 < niter) rf_load(u + 2);
       }
-    } else if (REGS) { // PV_FIRST: tile u + 1 goes in once P V(u) is issued, below
     } else if (STAGED) {
       // Tile u + 1: its raw rows landed; its K buffer held tile u - 2, whose S and
       // P V are done (P_FULL(u - 2) seen, P V(u - 2) waited for last iteration).
