@@ -14,11 +14,13 @@ local cases = {
   fp8_h16 = { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 1, h_q = 16, len = 4096 },
   bf16_h128 = { kind = "dense", layout = "bf16", b = 128, s_q = 1, h_q = 128, len = 4096 },
   fp8_h128 = { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 1, h_q = 128, len = 4096 },
+  fp8_v4_h128 = { kind = "dense", layout = "fp8_v4", b = 128, s_q = 1, h_q = 128, len = 4096 },
+  fp8pt_h128 = { kind = "dense", layout = "fp8_pertensor", b = 128, s_q = 1, h_q = 128, len = 4096 },
   sparse_fp8 = { kind = "sparse", layout = "fp8_ds_mla", b = 128, s_q = 2, h_q = 128, topk = 2048, pool = 131072 },
   sparse_v4 = { kind = "sparse", layout = "fp8_v4", b = 128, s_q = 2, h_q = 128, topk = 2048, pool = 131072 },
 }
 local name, n, mode = ..., tonumber(select(2, ...) or "3"), select(3, ...)
-local p = cases[name] or error("attn_profile: case must be one of bf16_h16, fp8_h16, fp8_v4_h16, fp8pt_h16, bf16_h128, fp8_h128, sparse_fp8, sparse_v4")
+local p = cases[name] or error("attn_profile: case must be one of bf16_h16, fp8_h16, fp8_v4_h16, fp8pt_h16, bf16_h128, fp8_h128, fp8_v4_h128, fp8pt_h128, sparse_fp8, sparse_v4")
 local case = AB.case(p)
 local a = mla.attention.prepare(C.args(case, { impl = "baked", check = false, specialize = mode ~= "generic" }))
 for _ = 1, n do mla.core.attn_decode(a) end

@@ -402,6 +402,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   // value dims 256 (wgi - 1)..
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REG_PV));
   const int lt = tid - 128, lj = lt & 7, ln = lt >> 3; // loader: chunk lane lj of keys ln + 32 i
+  const int wgi_u = __shfl_sync(0xffffffffu, wgi, 0);  // warp-uniform, for the descriptor bases
   int next = 0, nx_page[NPASS], nx_off[NPASS];     // the next tile to issue, its keys' slots
   auto lookup = [&]() {
 #pragma unroll
@@ -548,20 +549,23 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
 #pragma unroll
       for (int e = 0; e < 128; e++) o[e] *= al[(e >> 1) & 1];
     }
-    const uint32_t p_addr = mla::smem_addr(p_tile(u));
-    const uint32_t v_addr = mla::smem_addr(Kbase + kb * TILE) + (wgi - 1) * 4 * BLK_K;
+    // descriptor bases from warp-uniform values (mla::wgmma_sdesc), one add a
+    // wgmma: each descriptor built whole took five ALU instructions in the
+    // P V warpgroups' critical path (fp8_pertensor h128 2-3% faster, thirty-third session)
+    const mla::wgmma_sdesc pd = mla::wgmma_sdesc_of(mla::smem_addr(p_tile(u)), 16, 1024),
+                           vd = mla::wgmma_sdesc_of(mla::smem_addr(Kbase + kb * TILE) + (wgi_u - 1) * 4 * BLK_K, BLK_K, 1024);
     mla::fence_regs(o);
     mla::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < KB / 16; kk++) {
-      const uint64_t da = mla::wgmma_desc(p_addr + kk * 32, 16, 1024), db = mla::wgmma_desc(v_addr + kk * 16 * 128, BLK_K, 1024);
+      const uint64_t da = pd + kk * 32, db = vd + kk * 16 * 128;
       if constexpr (MIXED) {
         // codes mode with bf16 value dims: e4m3 blocks lead, bf16 ones take the twin P
-        const uint64_t dt = mla::wgmma_desc(mla::smem_addr(p_twin(u)) + kk * 32, 16, 1024);
+        const mla::wgmma_sdesc td = mla::wgmma_sdesc_of(mla::smem_addr(p_twin(u)), 16, 1024);
         if constexpr (CO::lead == 4) mla::wgmma_m64n256k16_f16_tb(o, da, db, 1);
         else {
           mla::wgmma_m64n192k16_f16_tb<0>(o, da, db, 1);
-          mla::wgmma_m64n64k16_bf16_tb<96>(o, dt, mla::wgmma_desc(v_addr + 3 * BLK_K + kk * 16 * 128, BLK_K, 1024), 1);
+          mla::wgmma_m64n64k16_bf16_tb<96>(o, td + kk * 32, vd + (3 * BLK_K + kk * 16 * 128), 1);
         }
       } else if constexpr (CODES) mla::wgmma_m64n256k16_f16_tb(o, da, db, 1);
       else mla::wgmma_m64n256k16_bf16_tb(o, da, db, 1);

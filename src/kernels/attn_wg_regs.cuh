@@ -330,19 +330,26 @@ template <class LS, int DQK, bool F32W = false> struct rf_key {
     else return 1.0f;
   }
 
-  // Largest finite exponent field among this thread's scales (0: none).
+  // Largest finite exponent field among this thread's scales (0: none, or
+  // no key). Each field f as (f + 1) mod 256, so that the non-finite 255
+  // drops to 0: a tree of independent maxima, not a chain of compare and
+  // select (fp8_v4 h128 1% faster, thirty-third session).
   __device__ __forceinline__ int scale_exp() const {
     using namespace mla_attn_spec;
-    int e = 0;
+    int g[NI];
     static_for<NI>([&](auto ic) {
       constexpr int i = decltype(ic)::value;
+      g[i] = 0;
       if constexpr (rf_scale_first(LS::host, i)) {
         const uint32_t v = scale_bits<i>();
-        const int f = rf_pair(LS::host, i).kind == SK_FP8_F32 ? (int)((v >> 23) & 0xffu) : (int)(v & 0xffu);
-        if (f != 255) e = max(e, f);
+        g[i] = (int)(((rf_pair(LS::host, i).kind == SK_FP8_F32 ? v >> 23 : v) + 1u) & 0xffu);
       }
     });
-    return e;
+#pragma unroll
+    for (int w = 1; w < NI; w *= 2)
+#pragma unroll
+      for (int i = 0; i + w < NI; i += 2 * w) g[i] = max(g[i], g[i + w]);
+    return ok ? max(g[0] - 1, 0) : 0;
   }
 
   // Codes mode: converts into rows n of the swizzled K tile kt; ef = 2^-E.
