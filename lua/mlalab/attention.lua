@@ -38,6 +38,11 @@ local layout = require "mlalab.layout"
 local M = {}
 
 local function fail(fmt, ...) error("attention.decode: " .. string.format(fmt, ...), 3) end
+-- a bad option's value for an error message: strings quoted, numbers as they are, else the type
+local function shown(v)
+  if type(v) == "string" then return string.format("%q", v) end
+  return type(v) == "number" and tostring(v) or "a " .. type(v)
+end
 
 local function shape_str(t)
   local s = {}
@@ -138,9 +143,9 @@ function M.prepare(o)
   end
   if o.specialize ~= nil and type(o.specialize) ~= "boolean" and o.specialize ~= "slice" then
     fail("specialize must be true, false (the generic kernel) or \"slice\" (the V-slice kernel for 16-row tiles), got %s",
-      type(o.specialize) == "string" and string.format("%q", o.specialize) or "a " .. type(o.specialize))
+      shown(o.specialize))
   end
-  if o.splits ~= nil and math.type(o.splits) ~= "integer" then fail("splits must be an integer, got %s", tostring(o.splits)) end
+  if o.splits ~= nil and math.type(o.splits) ~= "integer" then fail("splits must be an integer, got %s", shown(o.splits)) end
   if sparse and o.causal then fail("causal applies to dense decode; sparse queries see exactly their indices") end
   if not sparse and o.topk_len ~= nil then fail("topk_len applies to sparse decode (with indices)") end
   local scale = o.scale or 1 / math.sqrt(L.k_dims)
