@@ -553,7 +553,8 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
     // wgmma: each descriptor built whole took five ALU instructions in the
     // P V warpgroups' critical path (fp8_pertensor h128 2-3% faster, thirty-third session)
     const mla::wgmma_sdesc pd = mla::wgmma_sdesc_of(mla::smem_addr(p_tile(u)), 16, 1024),
-                           vd = mla::wgmma_sdesc_of(mla::smem_addr(Kbase + kb * TILE) + (wgi_u - 1) * 4 * BLK_K, BLK_K, 1024);
+                           vd = mla::wgmma_sdesc_of(mla::smem_addr(Kbase + kb * TILE) + (wgi_u - 1) * 4 * BLK_K, BLK_K, 1024),
+                           td = mla::wgmma_sdesc_of(mla::smem_addr(p_twin(u)), 16, 1024); // MIXED: P's bf16 twin
     mla::fence_regs(o);
     mla::wgmma_fence();
 #pragma unroll
@@ -561,7 +562,6 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       const uint64_t da = pd + kk * 32, db = vd + kk * 16 * 128;
       if constexpr (MIXED) {
         // codes mode with bf16 value dims: e4m3 blocks lead, bf16 ones take the twin P
-        const mla::wgmma_sdesc td = mla::wgmma_sdesc_of(mla::smem_addr(p_twin(u)), 16, 1024);
         if constexpr (CO::lead == 4) mla::wgmma_m64n256k16_f16_tb(o, da, db, 1);
         else {
           mla::wgmma_m64n192k16_f16_tb<0>(o, da, db, 1);

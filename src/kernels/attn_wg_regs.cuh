@@ -349,7 +349,7 @@ template <class LS, int DQK, bool F32W = false> struct rf_key {
     for (int w = 1; w < NI; w *= 2)
 #pragma unroll
       for (int i = 0; i + w < NI; i += 2 * w) g[i] = max(g[i], g[i + w]);
-    return ok ? max(g[0] - 1, 0) : 0;
+    return max(g[0] - 1, 0); // a key without a page has zeroed scale windows: 0
   }
 
   // Codes mode: converts into rows n of the swizzled K tile kt; ef = 2^-E.
