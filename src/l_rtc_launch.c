@@ -1,8 +1,9 @@
 /* Lua bindings of JIT kernel loading and launching (rtc_launch.h), and of
  * the argument checks they share with CPU-only callers:
  *   core.rtc_load(cubin) -> library;  core.rtc_kernel(library, lowered, name, sig, info) -> kernel
- *   kernel:launch{grid=, block=, shared_mem=, stream=, device=, args={...}}
+ *   kernel:launch{grid=, block=, cluster=, shared_mem=, stream=, device=, args={...}}
  *   core.rtc_pack_args(sig, args [, names, kernel]) -> bytes (the launch's checks, without a GPU)
+ *   core.rtc_check_cluster{grid=, cluster= [, kernel=]} -> true (the cluster-shape check, without a GPU)
  *   core.rtc_cache_view(desc, pages [, scale]) -> the mla_cache_view argument's bytes */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
@@ -231,6 +232,7 @@ static int pack_all(lua_State *L, const char *kname, const mla_rtc_param *ps, in
 static int launch_cfg(lua_State *L, int cfg, mla_rtc_launch_cfg *c, int first_dev) {
   read_dim(L, cfg, "grid", &c->grid, 1);
   read_dim(L, cfg, "block", &c->block, 1);
+  read_dim(L, cfg, "cluster", &c->cluster, 0);
   lua_getfield(L, cfg, "shared_mem");
   c->shared_mem = lua_isnil(L, -1) ? 0 : (int64_t)luaL_checkinteger(L, -1);
   lua_pop(L, 1);
@@ -254,7 +256,8 @@ static int launch_cfg(lua_State *L, int cfg, mla_rtc_launch_cfg *c, int first_de
   return 0;
 }
 
-/* kernel:launch{grid=, block=, shared_mem=0, stream=, device=, args={...}} */
+/* kernel:launch{grid=, block=, cluster=, shared_mem=0, stream=, device=, args={...}}; cluster: a thread
+ * block cluster shape (number or {x, y, z}, sm_90+) */
 static int l_kernel_launch(lua_State *L) {
   mla_rtc_kernel *k = check_kernel(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -364,6 +367,20 @@ static int l_rtc_signature(lua_State *L) {
   return 1;
 }
 
+/* core.rtc_check_cluster{grid=, cluster= [, kernel=]} -> true: the launch's cluster-shape check,
+ * without a GPU (the spec's way to reach it on CPU-only machines) */
+static int l_rtc_check_cluster(lua_State *L) {
+  luaL_checktype(L, 1, LUA_TTABLE);
+  dim3 grid, cluster;
+  read_dim(L, 1, "grid", &grid, 1);
+  read_dim(L, 1, "cluster", &cluster, 1);
+  lua_getfield(L, 1, "kernel");
+  const char *kname = lua_isnil(L, -1) ? "(unnamed)" : luaL_checkstring(L, -1);
+  if (mla_rtc_check_cluster(grid, cluster, kname)) return mla_lua_error(L);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 /* core.rtc_pack_args(sig, args [, param_names [, kernel_name]]) -> packed parameter bytes: the
  * launch's checks (mla_rtc_pack_arg, the same code) without a GPU */
 static int l_rtc_pack_args(lua_State *L) {
@@ -426,7 +443,7 @@ MLA_LUA_MODULE(rtc_launch) {
   static const luaL_Reg fns[] = {
     {"rtc_load", l_rtc_load},             {"rtc_kernel", l_rtc_kernel},
     {"rtc_rebind", l_rtc_rebind},         {"rtc_signature", l_rtc_signature},
-    {"rtc_pack_args", l_rtc_pack_args},   {"rtc_scalar_bytes", l_rtc_scalar_bytes},
+    {"rtc_pack_args", l_rtc_pack_args},   {"rtc_check_cluster", l_rtc_check_cluster},   {"rtc_scalar_bytes", l_rtc_scalar_bytes},
     {"rtc_cache_view", l_rtc_cache_view}, {"rtc_time_baked_launches", l_rtc_time_baked},
     {NULL, NULL}};
 

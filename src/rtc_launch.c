@@ -305,6 +305,34 @@ static int sync_requested(void) {
   return v;
 }
 
+static int clustered(dim3 cl) { return cl.x * cl.y * cl.z > 1; }
+
+int mla_rtc_check_cluster(dim3 grid, dim3 cluster, const char *kname) {
+  if (cluster.x == 0 && cluster.y == 0 && cluster.z == 0) return 0;
+  const unsigned g[3] = {grid.x, grid.y, grid.z}, cl[3] = {cluster.x, cluster.y, cluster.z};
+  static const char axis[3] = {'x', 'y', 'z'};
+  for (int i = 0; i < 3; i++) {
+    if (cl[i] < 1) return mla_err("kernel %s: cluster.%c must be a positive integer, got %u", kname, axis[i], cl[i]);
+    if (g[i] % cl[i])
+      return mla_err("kernel %s: cluster.%c = %u does not divide grid.%c = %u", kname, axis[i], cl[i], axis[i], g[i]);
+  }
+  const unsigned long long n = (unsigned long long)cl[0] * cl[1] * cl[2];
+  if (n > 8) return mla_err("kernel %s: a cluster of %llu CTAs exceeds the portable size of 8", kname, n);
+  return 0;
+}
+
+/* cudaLaunchKernelEx with a cluster dimension (the caller checked the shape). */
+static cudaError_t launch_clustered(mla_rtc_kernel *k, const mla_rtc_launch_cfg *c) {
+  cudaLaunchConfig_t lc;
+  memset(&lc, 0, sizeof lc);
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = c->cluster.x, at[0].val.clusterDim.y = c->cluster.y, at[0].val.clusterDim.z = c->cluster.z;
+  lc.gridDim = c->grid, lc.blockDim = c->block, lc.dynamicSmemBytes = (size_t)c->shared_mem, lc.stream = c->stream;
+  lc.attrs = at, lc.numAttrs = 1;
+  return cudaLaunchKernelExC(&lc, (const void *)k->handle, k->argv);
+}
+
 int mla_rtc_launch(mla_rtc_kernel *k, const mla_rtc_launch_cfg *c) {
   if (!k->handle) return mla_err("kernel %s is not loaded", k->name);
   if (mla_rtc_kernel_attributes(k, c->dev)) return -1;
@@ -313,8 +341,18 @@ int mla_rtc_launch(mla_rtc_kernel *k, const mla_rtc_launch_cfg *c) {
     return mla_err("kernel %s: block of %lld threads exceeds its limit of %d (registers: %d per thread)", k->name,
                    (long long)threads, k->max_threads, k->num_regs);
   if (c->shared_mem < 0) return mla_err("kernel %s: shared_mem must be >= 0", k->name);
+  if (mla_rtc_check_cluster(c->grid, c->cluster, k->name)) return -1;
+  const int cl = clustered(c->cluster);
+  if (cl) {
+    mla_device_props props;
+    if (mla_device_props_get(c->dev, &props)) return -1;
+    if (props.major < 9)
+      return mla_err("kernel %s: thread block clusters need compute capability 9.0 or later; %s is %d.%d", k->name,
+                     props.name, props.major, props.minor);
+  }
   if (ensure_smem(k, c->dev, c->shared_mem)) return -1;
-  cudaError_t e = cudaLaunchKernel((const void *)k->handle, c->grid, c->block, k->argv, (size_t)c->shared_mem, c->stream);
+  cudaError_t e = cl ? launch_clustered(k, c)
+                     : cudaLaunchKernel((const void *)k->handle, c->grid, c->block, k->argv, (size_t)c->shared_mem, c->stream);
   if (e != cudaSuccess) {
     char what[200];
     snprintf(what, sizeof what, "launch of kernel %s", k->name);
@@ -332,6 +370,7 @@ int mla_rtc_launch(mla_rtc_kernel *k, const mla_rtc_launch_cfg *c) {
 
 int mla_rtc_time_raw_launches(mla_rtc_kernel *k, const mla_rtc_launch_cfg *c, int64_t n, double *seconds) {
   if (!k->handle || k->nparams < 0) return mla_err("kernel %s: launch it once before timing raw launches", k->name);
+  if (clustered(c->cluster)) return mla_err("kernel %s: raw launches are plain cudaLaunchKernel calls, without a cluster", k->name);
   if (mla_device_use(c->dev)) return -1;
   if (mla_cuda_check(cudaStreamSynchronize(c->stream), "cudaStreamSynchronize")) return -1;
   struct timespec t0, t1;

@@ -85,14 +85,22 @@ int mla_rtc_kernel_attributes(mla_rtc_kernel *k, int dev);
 
 typedef struct mla_rtc_launch_cfg {
   dim3 grid, block;
+  dim3 cluster; /* thread block cluster shape (sm_90+); {1, 1, 1} or zeros: none */
   int64_t shared_mem;
   cudaStream_t stream;
   int dev;
 } mla_rtc_launch_cfg;
 
+/* A cluster shape of at most 8 CTAs (the portable size) that divides the grid
+ * on every axis; {1, 1, 1} and all-zero mean no cluster. Pure C: the
+ * launch's check, testable without a GPU. Returns 0 or -1 (mla_err, naming
+ * kname and the axis). */
+int mla_rtc_check_cluster(dim3 grid, dim3 cluster, const char *kname);
+
 /* Launches with the arguments already packed in k->argbuf: checks the block
- * against the kernel's limit, opts into large dynamic shared memory, and
- * checks the launch naming the kernel (synchronously with MLALAB_SYNC=1). */
+ * against the kernel's limit, opts into large dynamic shared memory, launches
+ * in clusters when c->cluster asks (cudaLaunchKernelEx; sm_90+), and checks
+ * the launch naming the kernel (synchronously with MLALAB_SYNC=1). */
 int mla_rtc_launch(mla_rtc_kernel *k, const mla_rtc_launch_cfg *c);
 
 /* The baseline of the launch-overhead benchmark: n plain cudaLaunchKernel
