@@ -343,12 +343,16 @@ int mla_rtc_launch(mla_rtc_kernel *k, const mla_rtc_launch_cfg *c) {
   if (c->shared_mem < 0) return mla_err("kernel %s: shared_mem must be >= 0", k->name);
   if (mla_rtc_check_cluster(c->grid, c->cluster, k->name)) return -1;
   const int cl = clustered(c->cluster);
-  if (cl) {
-    mla_device_props props;
-    if (mla_device_props_get(c->dev, &props)) return -1;
-    if (props.major < 9)
+  if (cl) { // one attribute query (cudaGetDeviceProperties would cost every launch far more)
+    int major = 0;
+    if (mla_cuda_check(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->dev), "cudaDeviceGetAttribute"))
+      return -1;
+    if (major < 9) {
+      mla_device_props props;
+      if (mla_device_props_get(c->dev, &props)) return -1;
       return mla_err("kernel %s: thread block clusters need compute capability 9.0 or later; %s is %d.%d", k->name,
                      props.name, props.major, props.minor);
+    }
   }
   if (ensure_smem(k, c->dev, c->shared_mem)) return -1;
   cudaError_t e = cl ? launch_clustered(k, c)
