@@ -22,37 +22,42 @@ describe("cluster shapes", function()
   end)
 end)
 
--- Two CTAs a cluster run a ring of two tile buffers: for each tile, CTA r stores its half (one
--- 16-byte element a thread) into both CTAs' buffers with st_async16, counted on each CTA's "full"
--- mbarrier; each CTA waits for the whole tile, copies it out, and releases the buffer to both
--- producers through their "avail" mbarriers. Every CTA must see every tile whole and in order.
+-- Two CTAs a cluster run a ring of two tile buffers, as a producer that converts half of each tile
+-- for both CTAs would: for each tile, CTA r stores its half (one 16-byte element a thread) into its
+-- own buffer with plain stores, counted by its "local" mbarrier (an arrival a thread), and into the
+-- peer's with st_async16, counted in bytes on the peer's "remote" mbarrier; each CTA waits for both,
+-- copies the tile out, and releases the buffer to both CTAs through their "avail" mbarriers. Every
+-- CTA must see every tile whole and in order.
 local SRC = [[
 #include "mla/cluster.cuh"
 extern "C" __global__ void cluster_ring(const uint4 *in, uint4 *out, int tiles) {
   constexpr int H = 128; // threads a CTA, elements a half tile
   __shared__ alignas(16) uint4 buf[2][2 * H];
-  __shared__ alignas(8) unsigned long long full[2], avail[2];
-  const unsigned rank = mla::cluster_rank(), cid = blockIdx.x / 2;
+  __shared__ alignas(8) unsigned long long local_full[2], remote_full[2], avail[2];
+  const unsigned rank = mla::cluster_rank(), other = rank ^ 1u, cid = blockIdx.x / 2;
   const int i = threadIdx.x;
+  auto sm = [](const void *p) { return (uint32_t)__cvta_generic_to_shared(p); };
   if (i == 0) {
-    for (int b = 0; b < 2; b++) mla::mbar_init((uint32_t)__cvta_generic_to_shared(&full[b]), 1),
-                                mla::mbar_init((uint32_t)__cvta_generic_to_shared(&avail[b]), 2);
+    for (int b = 0; b < 2; b++)
+      mla::mbar_init(sm(&local_full[b]), H), mla::mbar_init(sm(&remote_full[b]), 1), mla::mbar_init(sm(&avail[b]), 2);
     mla::mbar_init_fence();
   }
   mla::cluster_sync();
   for (int t = 0; t < tiles; t++) {
     const int b = t & 1;
-    const uint32_t fb = (uint32_t)__cvta_generic_to_shared(&full[b]), ab = (uint32_t)__cvta_generic_to_shared(&avail[b]);
-    if (t >= 2) mla::mbar_wait(ab, ((t >> 1) - 1) & 1); // both CTAs done with tile t - 2
-    if (i == 0) mla::mbar_arrive_expect_tx(fb, 2 * H * 16);
+    const unsigned ph = (t >> 1) & 1;
+    const uint32_t lb = sm(&local_full[b]), rb = sm(&remote_full[b]), ab = sm(&avail[b]);
+    if (t >= 2) mla::mbar_wait(ab, ph ^ 1u); // both CTAs done with tile t - 2
+    if (i == 0) mla::mbar_arrive_expect_tx(rb, H * 16); // the peer's half of this CTA's copy
     const uint4 v = in[((size_t)cid * tiles + t) * 2 * H + rank * H + i];
-    const uint32_t at = (uint32_t)__cvta_generic_to_shared(&buf[b][rank * H + i]);
-    for (unsigned peer = 0; peer < 2; peer++) mla::st_async16(mla::peer_smem(at, peer), v, mla::peer_smem(fb, peer));
-    mla::mbar_wait(fb, (t >> 1) & 1);
+    buf[b][rank * H + i] = v;
+    mla::st_async16(mla::peer_smem(sm(&buf[b][rank * H + i]), other), v, mla::peer_smem(rb, other));
+    mla::mbar_arrive(lb);
+    mla::mbar_wait(lb, ph);
+    mla::mbar_wait(rb, ph);
     for (int k = i; k < 2 * H; k += H) out[(((size_t)cid * 2 + rank) * tiles + t) * 2 * H + k] = buf[b][k];
     __syncthreads();
-    if (i == 0)
-      for (unsigned peer = 0; peer < 2; peer++) mla::mbar_arrive_cluster(mla::peer_smem(ab, peer));
+    if (i == 0) mla::mbar_arrive(ab), mla::mbar_arrive_cluster(mla::peer_smem(ab, other));
   }
   mla::cluster_sync(); // no CTA leaves while a peer may still store into it
 }

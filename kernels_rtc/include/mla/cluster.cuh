@@ -62,16 +62,26 @@ __device__ __forceinline__ void mbar_init_fence() {
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, unsigned bytes) {
   MLA_CLUSTER_ASM("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
-/* One arrival on a barrier anywhere in the cluster (bar from peer_smem), releasing prior writes to the cluster. */
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
-  MLA_CLUSTER_ASM("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
+/* One plain arrival on this CTA's barrier (after this thread's shared-memory
+ * stores and, for the tensor cores, fence_proxy_async). */
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  MLA_CLUSTER_ASM("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
-/* Waits until the phase of parity `phase` of this CTA's barrier completed (acquiring the cluster's writes). */
+/* One arrival on a barrier anywhere in the cluster (bar from peer_smem): says
+ * "done reading a buffer". The default (.release.cta) semantics: the cluster
+ * scope would add a GPU-wide fence (ERRBAR) to every arrival. */
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar) {
+  MLA_CLUSTER_ASM("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(bar) : "memory");
+}
+/* Waits until the phase of parity `phase` of this CTA's barrier completed.
+ * Bytes that st_async16 counted on the barrier are visible once the phase
+ * completes, so the default (.acquire.cta) semantics suffice; the cluster
+ * scope would invalidate L1 (CCTL.IVALL) on every poll. */
 __device__ __forceinline__ void mbar_wait(uint32_t bar, unsigned phase) {
 #if MLA_HAVE_CLUSTER
   asm volatile("{\n\t.reg .pred done;\n"
                "wait_%=:\n\t"
-               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n\t"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n\t"
                "@!done bra wait_%=;\n}" ::"r"(bar),
                "r"(phase)
                : "memory");
@@ -87,6 +97,11 @@ __device__ __forceinline__ void st_async16(uint32_t addr, uint4 v, uint32_t bar)
   MLA_CLUSTER_ASM("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(addr),
                   "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar)
                   : "memory");
+}
+
+/* 4 bytes, likewise (complete 4 bytes of the transaction count). */
+__device__ __forceinline__ void st_async4(uint32_t addr, uint32_t v, uint32_t bar) {
+  MLA_CLUSTER_ASM("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];" ::"r"(addr), "r"(v), "r"(bar) : "memory");
 }
 
 #undef MLA_CLUSTER_ASM
