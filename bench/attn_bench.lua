@@ -85,8 +85,7 @@ os.execute("mkdir -p '" .. args.out .. "'")
 local jf = assert(io.open(args.out .. "/attn_bench.jsonl", "w"))
 local B = mla.bench_mod
 local dev = mla.device()
-print(string.format("device %s; cudaMemcpy D2D %.0f GB/s; cuBLAS bf16 GEMM 8192^3 %.0f TFLOPS", mla.device_props().name,
-  B.memcpy_bandwidth(dev), B.gemm_rate(dev)))
+print(string.format("device %s; %s", mla.device_props().name, B.references_line(dev)))
 print(AB.header())
 for _, g in ipairs(order) do
   if not args.only or args.only == g then

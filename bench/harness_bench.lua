@@ -160,8 +160,7 @@ local props = mla.device_props()
 local info = mla.core.timing_info()
 print(string.format("device: %s (%s), L2 %d MiB, default SM clock %.0f MHz, NVML: %s", props.name, props.arch,
   info.l2_bytes // MiB, info.default_sm_mhz, info.nvml_status))
-print(string.format("DRAM peak by formula: %.0f GB/s;  cudaMemcpy D2D measured: %.0f GB/s (read + write);  cuBLAS bf16 "
-  .. "GEMM 8192^3: %.0f TFLOPS", props.peak_dram_gbs, B.memcpy_bandwidth(), B.gemm_rate()))
+print(string.format("DRAM peak by formula: %.0f GB/s;  %s", props.peak_dram_gbs, B.references_line()))
 print()
 
 local res = mla.sweep {

@@ -50,8 +50,7 @@ end
 local bench_opts = args.quick and { max_time = 0.5, min_time = 0.05 } or args.small and { max_time = 1 } or { max_time = 3 }
 if mla.has_cuda() then
   local B = mla.bench_mod
-  print(string.format("cudaMemcpy D2D %.0f GB/s, cuBLAS bf16 GEMM %.0f TFLOPS (same run)", B.memcpy_bandwidth(),
-    B.gemm_rate()))
+  print(B.references_line() .. " (same run)")
 end
 print(AB.header())
 mla.sweep {

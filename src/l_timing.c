@@ -250,6 +250,39 @@ static int l_gemm_rate(lua_State *L) {
   return 1;
 }
 
+/* core.reference_op(dev, "memcpy" | "gemm", size) -> an operation that
+ * op:launch() enqueues on the device stream (timed by mla.bench like any
+ * kernel); op:close() frees it (also on collection). */
+#define MLA_REF_OP_MT "mlalab.reference_op"
+typedef struct lref { mla_ref_op *op; } lref;
+
+static int l_reference_op(lua_State *L) {
+  int dev = gpu_arg(L, 1);
+  static const char *const kinds[] = {"memcpy", "gemm", NULL};
+  const int kind = luaL_checkoption(L, 2, NULL, kinds);
+  lua_Integer size = luaL_checkinteger(L, 3);
+  lref *r = lua_newuserdatauv(L, sizeof *r, 0);
+  r->op = NULL;
+  luaL_setmetatable(L, MLA_REF_OP_MT);
+  if (mla_ref_op_new(dev, kind == 0 ? MLA_REF_MEMCPY : MLA_REF_GEMM, (int64_t)size, &r->op))
+    return mla_lua_errorf(L, "reference_op");
+  return 1;
+}
+
+static int l_reference_launch(lua_State *L) {
+  lref *r = luaL_checkudata(L, 1, MLA_REF_OP_MT);
+  if (!r->op) return luaL_error(L, "reference_op: launch after close");
+  if (mla_ref_op_launch(r->op)) return mla_lua_errorf(L, "reference_op launch");
+  return 0;
+}
+
+static int l_reference_close(lua_State *L) {
+  lref *r = luaL_checkudata(L, 1, MLA_REF_OP_MT);
+  mla_ref_op_free(r->op);
+  r->op = NULL;
+  return 0;
+}
+
 MLA_LUA_MODULE(timing) {
   static const luaL_Reg graph_methods[] = {
     {"launch", l_graph_launch}, {"nodes", l_graph_nodes}, {"close", l_graph_close}, {NULL, NULL}};
@@ -261,8 +294,16 @@ MLA_LUA_MODULE(timing) {
     {"pm_open", l_pm_open}, {"pm_close", l_pm_close}, {"pm_available", l_pm_available},
     {"timing_info", l_timing_info}, {"sm_clock", l_sm_clock},
     {"graph_begin", l_graph_begin}, {"graph_end", l_graph_end}, {"graph_abort", l_graph_abort},
-    {"memcpy_bandwidth", l_memcpy_bandwidth}, {"gemm_rate", l_gemm_rate},
+    {"memcpy_bandwidth", l_memcpy_bandwidth}, {"gemm_rate", l_gemm_rate}, {"reference_op", l_reference_op},
     {NULL, NULL}};
+  static const luaL_Reg ref_methods[] = {{"launch", l_reference_launch}, {"close", l_reference_close}, {NULL, NULL}};
+  luaL_newmetatable(L, MLA_REF_OP_MT);
+  lua_newtable(L);
+  luaL_setfuncs(L, ref_methods, 0);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, l_reference_close), lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, l_reference_close), lua_setfield(L, -2, "__close");
+  lua_pop(L, 1);
   luaL_newmetatable(L, MLA_GRAPH_MT);
   lua_newtable(L);
   luaL_setfuncs(L, graph_methods, 0);

@@ -87,11 +87,20 @@ void mla_graph_abort(int dev);
 int mla_graph_launch(int dev, cudaGraphExec_t g);
 void mla_graph_destroy(cudaGraphExec_t g);
 
-/* Reference rates measured on this device: cudaMemcpy device to device of
- * `bytes` (GB/s counting bytes read + written, median of `reps`), and a
- * cuBLAS bf16 GEMM n x n x n with fp32 accumulation (TFLOPS, median). */
+/* Reference rates measured on this device in one short burst (3 warm-up
+ * runs, then the median of `reps` event-timed runs): cudaMemcpy device to
+ * device of `bytes` (GB/s counting bytes read + written), and a cuBLAS bf16
+ * GEMM n x n x n with fp32 accumulation (TFLOPS). */
 int mla_memcpy_bandwidth(int dev, int64_t bytes, int reps, double *gbs);
 int mla_gemm_rate(int dev, int n, int reps, double *tflops);
+
+/* The same operations kept alive, so a timing harness can launch one sample
+ * after another on the device stream (size: bytes for memcpy, n for GEMM). */
+typedef enum { MLA_REF_MEMCPY, MLA_REF_GEMM } mla_ref_kind;
+typedef struct mla_ref_op mla_ref_op;
+int mla_ref_op_new(int dev, mla_ref_kind kind, int64_t size, mla_ref_op **out);
+int mla_ref_op_launch(mla_ref_op *op);
+void mla_ref_op_free(mla_ref_op *op);
 
 #ifdef __cplusplus
 }

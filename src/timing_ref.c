@@ -60,22 +60,6 @@ static int copy_op(void *p, cudaStream_t s) {
   return mla_cuda_check(cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync D2D");
 }
 
-int mla_memcpy_bandwidth(int dev, int64_t bytes, int reps, double *gbs) {
-  if (mla_device_use(dev)) return -1;
-  if (bytes < (1 << 20)) return mla_err("memcpy_bandwidth: use at least 1 MiB (got %lld bytes)", (long long)bytes);
-  copy_ctx c = {NULL, NULL, (size_t)bytes};
-  int rc = mla_cuda_check(cudaMalloc(&c.src, c.bytes), "cudaMalloc (memcpy reference)");
-  if (rc == 0) rc = mla_cuda_check(cudaMalloc(&c.dst, c.bytes), "cudaMalloc (memcpy reference)");
-  if (rc == 0) rc = mla_cuda_check(cudaMemsetAsync(c.src, 0x5a, c.bytes, mla_device_stream(dev)), "cudaMemsetAsync");
-  double t = 0;
-  if (rc == 0) rc = time_reps(dev, copy_op, &c, 3, reps, &t);
-  if (rc == 0) *gbs = 2.0 * (double)bytes / t / 1e9; /* read + written */
-  if (c.src) cudaFree(c.src);
-  if (c.dst) cudaFree(c.dst);
-  cudaGetLastError();
-  return rc;
-}
-
 /* ---- GEMM ------------------------------------------------------------------- */
 
 typedef struct gemm_ctx { cublasHandle_t h; void *a, *b, *c; int n; } gemm_ctx;
@@ -104,25 +88,88 @@ static int fill_normal(int dev, void *p, int64_t n, uint64_t seed) {
   return mla_launch_check(dev, "random");
 }
 
-int mla_gemm_rate(int dev, int n, int reps, double *tflops) {
-  if (mla_device_use(dev)) return -1;
-  if (n < 256 || n > 32768 || n % 64) return mla_err("gemm_rate: n must be a multiple of 64 in 256..32768 (got %d)", n);
-  gemm_ctx g = {NULL, NULL, NULL, NULL, n};
-  size_t bytes = (size_t)n * (size_t)n * 2;
-  int rc = cublas_check(cublasCreate(&g.h), "create");
-  if (rc == 0) rc = cublas_check(cublasSetStream(g.h, mla_device_stream(dev)), "set stream");
-  if (rc == 0) rc = mla_cuda_check(cudaMalloc(&g.a, bytes), "cudaMalloc (gemm reference)");
-  if (rc == 0) rc = mla_cuda_check(cudaMalloc(&g.b, bytes), "cudaMalloc (gemm reference)");
-  if (rc == 0) rc = mla_cuda_check(cudaMalloc(&g.c, bytes), "cudaMalloc (gemm reference)");
-  if (rc == 0) rc = fill_normal(dev, g.a, (int64_t)n * n, 0x6e6d1);
-  if (rc == 0) rc = fill_normal(dev, g.b, (int64_t)n * n, 0x6e6d2);
-  double t = 0;
-  if (rc == 0) rc = time_reps(dev, gemm_op, &g, 3, reps, &t);
-  if (rc == 0) *tflops = 2.0 * (double)n * n * n / t / 1e12;
-  if (g.h) cublasDestroy(g.h);
-  if (g.a) cudaFree(g.a);
-  if (g.b) cudaFree(g.b);
-  if (g.c) cudaFree(g.c);
+/* ---- reference operations ------------------------------------------------ */
+
+struct mla_ref_op {
+  int dev;
+  mla_ref_kind kind;
+  copy_ctx copy;
+  gemm_ctx gemm;
+};
+
+void mla_ref_op_free(mla_ref_op *op) {
+  if (!op) return;
+  if (op->gemm.h) cublasDestroy(op->gemm.h);
+  void *bufs[] = {op->copy.src, op->copy.dst, op->gemm.a, op->gemm.b, op->gemm.c};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+    if (bufs[i]) cudaFree(bufs[i]);
   cudaGetLastError();
+  free(op);
+}
+
+static int alloc_ref(void **p, size_t bytes) { return mla_cuda_check(cudaMalloc(p, bytes), "cudaMalloc (reference operation)"); }
+
+int mla_ref_op_new(int dev, mla_ref_kind kind, int64_t size, mla_ref_op **out) {
+  *out = NULL;
+  if (mla_device_use(dev)) return -1;
+  if (kind == MLA_REF_MEMCPY && size < (1 << 20)) return mla_err("memcpy reference: use at least 1 MiB (got %lld bytes)", (long long)size);
+  if (kind == MLA_REF_GEMM && (size < 256 || size > 32768 || size % 64))
+    return mla_err("gemm reference: n must be a multiple of 64 in 256..32768 (got %lld)", (long long)size);
+  mla_ref_op *op = calloc(1, sizeof *op);
+  if (!op) return mla_err("out of host memory");
+  op->dev = dev, op->kind = kind;
+  int rc = 0;
+  if (kind == MLA_REF_MEMCPY) {
+    op->copy.bytes = (size_t)size;
+    rc = alloc_ref(&op->copy.src, op->copy.bytes);
+    if (rc == 0) rc = alloc_ref(&op->copy.dst, op->copy.bytes);
+    if (rc == 0) rc = mla_cuda_check(cudaMemsetAsync(op->copy.src, 0x5a, op->copy.bytes, mla_device_stream(dev)), "cudaMemsetAsync");
+  } else {
+    gemm_ctx *g = &op->gemm;
+    const size_t bytes = (size_t)size * (size_t)size * 2;
+    g->n = (int)size;
+    rc = cublas_check(cublasCreate(&g->h), "create");
+    if (rc == 0) rc = cublas_check(cublasSetStream(g->h, mla_device_stream(dev)), "set stream");
+    if (rc == 0) rc = alloc_ref(&g->a, bytes);
+    if (rc == 0) rc = alloc_ref(&g->b, bytes);
+    if (rc == 0) rc = alloc_ref(&g->c, bytes);
+    if (rc == 0) rc = fill_normal(dev, g->a, (int64_t)size * size, 0x6e6d1);
+    if (rc == 0) rc = fill_normal(dev, g->b, (int64_t)size * size, 0x6e6d2);
+  }
+  if (rc == 0) rc = mla_device_sync(dev);
+  if (rc) {
+    mla_ref_op_free(op);
+    return rc;
+  }
+  *out = op;
+  return 0;
+}
+
+int mla_ref_op_launch(mla_ref_op *op) {
+  if (mla_device_use(op->dev)) return -1;
+  cudaStream_t s = mla_device_stream(op->dev);
+  return op->kind == MLA_REF_MEMCPY ? copy_op(&op->copy, s) : gemm_op(&op->gemm, s);
+}
+
+/* One burst of `reps` event-timed runs after 3 warm-up runs (the median). */
+static int burst(int dev, mla_ref_kind kind, int64_t size, int reps, double *med_s) {
+  mla_ref_op *op = NULL;
+  int rc = mla_ref_op_new(dev, kind, size, &op);
+  if (rc == 0) rc = time_reps(dev, kind == MLA_REF_MEMCPY ? copy_op : gemm_op, kind == MLA_REF_MEMCPY ? (void *)&op->copy : (void *)&op->gemm, 3, reps, med_s);
+  mla_ref_op_free(op);
+  return rc;
+}
+
+int mla_memcpy_bandwidth(int dev, int64_t bytes, int reps, double *gbs) {
+  double t = 0;
+  int rc = burst(dev, MLA_REF_MEMCPY, bytes, reps, &t);
+  if (rc == 0) *gbs = 2.0 * (double)bytes / t / 1e9; /* read + written */
+  return rc;
+}
+
+int mla_gemm_rate(int dev, int n, int reps, double *tflops) {
+  double t = 0;
+  int rc = burst(dev, MLA_REF_GEMM, n, reps, &t);
+  if (rc == 0) *tflops = 2.0 * (double)n * n * n / t / 1e12;
   return rc;
 }

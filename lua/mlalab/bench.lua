@@ -46,6 +46,7 @@ local MAX_METRICS = 8 -- counters besides the duration (MLA_PM_MAX_METRICS)
 M.DRAM_METRICS = { "dram__bytes_read.sum", "dram__bytes_write.sum" }
 local FLUSH_DEFAULT = { cold = "clean", hot = false, graph = false }
 
+local bench_body -- below M.bench
 local function options(opts)
   local o = {}
   for k, v in pairs(M.defaults) do o[k] = v end
@@ -92,22 +93,56 @@ end
 
 -- Reference rates, measured once per process and device ------------------------
 
-local ref_cache = { memcpy = {}, gemm = {} }
+-- The reference rates, once per process and device. Each is measured the way
+-- every kernel is (M.bench: cold samples, the stopping rule, the throttle
+-- guard), so a fraction compares like with like: a cuBLAS GEMM that runs for
+-- half a second draws more power than a 30 ms burst and settles at a lower
+-- clock (bench/RESULTS.md, thirty-sixth session). The burst figure (3 warm-up
+-- runs, then the median of 20) is kept beside it for comparison.
+local ref_cache = {}
+
+local function reference(dev, kind)
+  dev = dev or mla.device()
+  if dev == "cpu" then return nil end
+  local key = dev .. "/" .. kind
+  if not ref_cache[key] then
+    local size = kind == "memcpy" and (1 << 30) or 8192
+    local work = kind == "memcpy" and 2 * size / 1e9 or 2 * size ^ 3 / 1e12 -- GB read + written, TFLOP
+    -- the burst first, as the process starts (the GPU at its coolest: the burst's best case)
+    local burst = kind == "memcpy" and core.memcpy_bandwidth(dev, size, 20) or core.gemm_rate(dev, size, 20)
+    local op <close> = core.reference_op(dev, kind, size)
+    local r = bench_body(function() op:launch() end,
+      options { device = dev, reference = false, name = kind == "memcpy" and "cudaMemcpy D2D 1 GiB" or "cuBLAS bf16 GEMM 8192^3" })
+    ref_cache[key] = { rate = work / r.median, burst = burst, clock_mhz = r.clock_mhz, samples = r.n }
+  end
+  return ref_cache[key]
+end
 
 --- GB/s of cudaMemcpy device to device (bytes read + written) on this device.
 function M.memcpy_bandwidth(dev)
-  dev = dev or mla.device()
-  if dev == "cpu" then return nil end
-  if not ref_cache.memcpy[dev] then ref_cache.memcpy[dev] = core.memcpy_bandwidth(dev, 1 << 30, 20) end
-  return ref_cache.memcpy[dev]
+  local r = reference(dev, "memcpy")
+  return r and r.rate
 end
 
 --- TFLOPS of a cuBLAS bf16 GEMM 8192^3 (fp32 accumulation) on this device.
 function M.gemm_rate(dev)
-  dev = dev or mla.device()
-  if dev == "cpu" then return nil end
-  if not ref_cache.gemm[dev] then ref_cache.gemm[dev] = core.gemm_rate(dev, 8192, 20) end
-  return ref_cache.gemm[dev]
+  local r = reference(dev, "gemm")
+  return r and r.rate
+end
+
+--- Both references with what stands behind them: {memcpy = {rate, burst,
+-- clock_mhz, samples}, gemm = {...}} (GB/s, TFLOPS, MHz); nil on the cpu.
+function M.references(dev)
+  local m = reference(dev, "memcpy")
+  return m and { memcpy = m, gemm = reference(dev, "gemm") }
+end
+
+--- One line naming both references, for a bench's header.
+function M.references_line(dev)
+  local r = M.references(dev)
+  if not r then return "no GPU references (cpu)" end
+  return string.format("cudaMemcpy D2D %.0f GB/s (burst %.0f), cuBLAS bf16 GEMM 8192^3 %.0f TFLOPS at %.0f MHz (burst %.0f); "
+    .. "timed as the kernels are", r.memcpy.rate, r.memcpy.burst, r.gemm.rate, r.gemm.clock_mhz or 0, r.gemm.burst)
 end
 
 -- Samplers: each returns (seconds per call, SM MHz or nil) --------------------
@@ -336,13 +371,16 @@ end
 -- sample, each flushed and timed on its own; "auto": enough for
 -- cold_batch_time=4e-4 s), setup (untimed,
 -- before every sample), verbose, log=true (throttle messages on stderr).
-local bench_body
-
 function M.bench(fn, opts)
   if type(fn) ~= "function" then error("bench: a function expected", 2) end
   local o = options(opts)
   if o.timer == "events" or o.device == "cpu" then return bench_body(fn, o) end
   local open, close
+  -- the reference rates are timed (with events) before CUPTI or the profiler is on
+  if o.reference and o.device ~= "cpu" then
+    if o.bytes then M.memcpy_bandwidth(o.device) end
+    if o.flops then M.gemm_rate(o.device) end
+  end
   if o.timer == "cupti" then
     local ok, why = core.cupti_available()
     if not ok then error("bench: timer 'cupti' needs CUPTI: " .. why, 2) end
@@ -350,9 +388,6 @@ function M.bench(fn, opts)
   else
     local ok, why = core.pm_available()
     if not ok then error("bench: timer 'pm' needs CUPTI's range profiler: " .. why, 2) end
-    -- the reference rates are timed before the profiler is on
-    if o.reference and o.bytes then M.memcpy_bandwidth(o.device) end
-    if o.reference and o.flops then M.gemm_rate(o.device) end
     open = function() core.pm_open(o.device, o.metrics) end
     close = core.pm_close
   end
