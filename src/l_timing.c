@@ -283,9 +283,21 @@ static int l_reference_close(lua_State *L) {
   return 0;
 }
 
+/* A handle's metatable: its methods as __index, and close as __gc and __close. */
+static void handle_metatable(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction close) {
+  luaL_newmetatable(L, name);
+  lua_newtable(L);
+  luaL_setfuncs(L, methods, 0);
+  lua_setfield(L, -2, "__index");
+  lua_pushcfunction(L, close), lua_setfield(L, -2, "__gc");
+  lua_pushcfunction(L, close), lua_setfield(L, -2, "__close");
+  lua_pop(L, 1);
+}
+
 MLA_LUA_MODULE(timing) {
   static const luaL_Reg graph_methods[] = {
     {"launch", l_graph_launch}, {"nodes", l_graph_nodes}, {"close", l_graph_close}, {NULL, NULL}};
+  static const luaL_Reg ref_methods[] = {{"launch", l_reference_launch}, {"close", l_reference_close}, {NULL, NULL}};
   static const luaL_Reg fns[] = {
     {"clock", l_clock}, {"sleep", l_sleep},
     {"timing_begin", l_timing_begin}, {"timing_next", l_timing_next}, {"timing_end", l_timing_end},
@@ -296,20 +308,7 @@ MLA_LUA_MODULE(timing) {
     {"graph_begin", l_graph_begin}, {"graph_end", l_graph_end}, {"graph_abort", l_graph_abort},
     {"memcpy_bandwidth", l_memcpy_bandwidth}, {"gemm_rate", l_gemm_rate}, {"reference_op", l_reference_op},
     {NULL, NULL}};
-  static const luaL_Reg ref_methods[] = {{"launch", l_reference_launch}, {"close", l_reference_close}, {NULL, NULL}};
-  luaL_newmetatable(L, MLA_REF_OP_MT);
-  lua_newtable(L);
-  luaL_setfuncs(L, ref_methods, 0);
-  lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, l_reference_close), lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, l_reference_close), lua_setfield(L, -2, "__close");
-  lua_pop(L, 1);
-  luaL_newmetatable(L, MLA_GRAPH_MT);
-  lua_newtable(L);
-  luaL_setfuncs(L, graph_methods, 0);
-  lua_setfield(L, -2, "__index");
-  lua_pushcfunction(L, l_graph_close), lua_setfield(L, -2, "__gc");
-  lua_pushcfunction(L, l_graph_close), lua_setfield(L, -2, "__close");
-  lua_pop(L, 1);
+  handle_metatable(L, MLA_GRAPH_MT, graph_methods, l_graph_close);
+  handle_metatable(L, MLA_REF_OP_MT, ref_methods, l_reference_close);
   luaL_setfuncs(L, fns, 0);
 }
