@@ -14,9 +14,11 @@
 --
 -- --timer picks mla.bench's timer for the kernels (the cudaMemcpy baseline and
 -- compaction's exact mode, whose time is a host round trip, keep the event
--- pair). The default event pair also brackets ~1-1.5 us of launch processing
--- per call, which the back-to-back memcpy reference hides; --timer pm times
--- each kernel as Nsight Compute's Duration (bench/RESULTS.md uses both).
+-- pair). The memcpy reference (a 1 GiB copy) is timed as the kernels are
+-- (mla.bench_mod.memcpy_bandwidth); the default event pair brackets ~1-1.5 us
+-- of launch processing per call, which weighs on a 90 us kernel and hardly on
+-- the reference; --timer pm times each kernel as Nsight Compute's Duration
+-- (bench/RESULTS.md uses both).
 -- --counters 1 (with --timer pm) also reads the DRAM bytes each call moved,
 -- printed beside the bytes the case declares.
 --
