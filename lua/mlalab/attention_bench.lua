@@ -86,7 +86,7 @@ function M.name(p)
 end
 
 local COLS = { { "case", 34 }, { "impl", 5 }, { "median", 10 }, { "noise", 6 }, { "GB/s", 7 }, { "%memcpy", 7 },
-  { "TFLOPS", 7 }, { "%gemm", 6 }, { "splits", 6 }, { "rows", 4 }, { "st", 2 }, { "variant", 13 }, { "flags", 14 } }
+  { "TFLOPS", 7 }, { "%gemm", 6 }, { "MHz", 4 }, { "splits", 6 }, { "rows", 4 }, { "st", 2 }, { "variant", 13 }, { "flags", 14 } }
 
 local function pad(s, w)
   s = tostring(s)
@@ -106,7 +106,7 @@ function M.row(r)
   local pl = r.plan or {}
   local cells = { r.name, r.point.impl or "baked", mla.bench_mod.fmt_time(r.median), pct(r.noise),
     r.gbs and string.format("%.0f", r.gbs) or "-", pct(r.memcpy_frac), r.tflops and string.format("%.1f", r.tflops) or "-",
-    pct(r.gemm_frac), pl.splits or "-", pl.rows_per_cta or "-", pl.stages or "-", pl.variant or "-", table.concat(r.flags or {}, ",") }
+    pct(r.gemm_frac), r.clock_mhz and string.format("%.0f", r.clock_mhz) or "-", pl.splits or "-", pl.rows_per_cta or "-", pl.stages or "-", pl.variant or "-", table.concat(r.flags or {}, ",") }
   local t = {}
   for i, c in ipairs(COLS) do t[#t + 1] = pad(cells[i], c[2]) end
   return table.concat(t, " ")
