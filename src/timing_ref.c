@@ -151,11 +151,16 @@ int mla_ref_op_launch(mla_ref_op *op) {
   return op->kind == MLA_REF_MEMCPY ? copy_op(&op->copy, s) : gemm_op(&op->gemm, s);
 }
 
+static int ref_op_timed(void *op, cudaStream_t s) {
+  (void)s; /* the operation runs on its device's stream */
+  return mla_ref_op_launch(op);
+}
+
 /* One burst of `reps` event-timed runs after 3 warm-up runs (the median). */
 static int burst(int dev, mla_ref_kind kind, int64_t size, int reps, double *med_s) {
   mla_ref_op *op = NULL;
   int rc = mla_ref_op_new(dev, kind, size, &op);
-  if (rc == 0) rc = time_reps(dev, kind == MLA_REF_MEMCPY ? copy_op : gemm_op, kind == MLA_REF_MEMCPY ? (void *)&op->copy : (void *)&op->gemm, 3, reps, med_s);
+  if (rc == 0) rc = time_reps(dev, ref_op_timed, op, 3, reps, med_s);
   mla_ref_op_free(op);
   return rc;
 }
