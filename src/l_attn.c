@@ -4,7 +4,8 @@
  * opts: layout (packed descriptor), pages, tensor_scale?, q, block_table +
  * cache_lens (+ causal) or indices (+ topk_len), sink?, scale, out, lse,
  * check (validate index values on the host), splits (baked, 0 = auto),
- * specialize (baked, default true; false forces the generic kernel, "slice" the V-slice kernel for 16-row tiles).
+ * specialize (baked, default true; false forces the generic kernel, "slice" the V-slice kernel for 16-row tiles,
+ * "wide" 64-row tiles whatever the row count).
  *   core.attn_last_variant() -> "generic" | "wgmma" | "wgmma16rs" | built-in layout name (V-slice kernel) | "none"
  *   core.attn_num_splits(family, sm_count, ctas_per_sm, ctas, max_tiles, align?) -> the automatic split count
  * lua/mlalab/attention.lua allocates outputs and gives friendlier errors;
@@ -180,11 +181,15 @@ static void read_inputs(call *c, decode_in *in, mla_dtype out_dt) {
   in->splits = lua_isnil(L, -1) ? 0 : (int)luaL_checkinteger(L, -1);
   if (in->splits < 0 || in->splits > 4096) lerrf(L, "%s: splits = %d must be 0 (automatic) to 4096", c->fn, in->splits);
   lua_getfield(L, 1, "specialize");
-  const int slice = lua_type(L, -1) == LUA_TSTRING && strcmp(lua_tostring(L, -1), "slice") == 0;
-  if (!lua_isnil(L, -1) && !lua_isboolean(L, -1) && !slice)
-    lerrf(L, "%s: specialize must be true, false (the generic kernel) or \"slice\" (the V-slice kernel for 16-row "
-          "tiles), got %s", c->fn, lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : luaL_typename(L, -1));
-  in->specialize = slice ? MLA_ATTN_SLICE : lua_isnil(L, -1) || lua_toboolean(L, -1) ? MLA_ATTN_SPECIALIZED : MLA_ATTN_GENERIC;
+  const int is_str = lua_type(L, -1) == LUA_TSTRING;
+  const int slice = is_str && strcmp(lua_tostring(L, -1), "slice") == 0, wide = is_str && strcmp(lua_tostring(L, -1), "wide") == 0;
+  if (!lua_isnil(L, -1) && !lua_isboolean(L, -1) && !slice && !wide)
+    lerrf(L, "%s: specialize must be true, false (the generic kernel), \"slice\" (the V-slice kernel for 16-row "
+          "tiles) or \"wide\" (64-row tiles), got %s", c->fn, is_str ? lua_tostring(L, -1) : luaL_typename(L, -1));
+  in->specialize = slice  ? MLA_ATTN_SLICE
+                   : wide ? MLA_ATTN_WIDE
+                   : lua_isnil(L, -1) || lua_toboolean(L, -1) ? MLA_ATTN_SPECIALIZED
+                                                              : MLA_ATTN_GENERIC;
 }
 
 /* Host check of the index values; returns the most keys any problem has. */

@@ -24,13 +24,15 @@
 -- (baked: a cache whose descriptor equals a built-in fp8 layout's, read with
 -- 16-row tiles, runs that layout's compile-time-specialized kernel: on
 -- Hopper the 16-row wgmma kernel, elsewhere the V-slice kernel; "slice"
--- forces the V-slice kernel; false forces the generic, descriptor-driven
--- kernel). The third result of the baked path is its plan (splits, rows per
+-- forces the V-slice kernel; "wide" runs 64-row tiles whatever the row
+-- count; false forces the generic, descriptor-driven kernel). The third result of the baked path is its plan (splits, rows per
 -- CTA, stages, tile_keys, variant = "generic", "wgmma", "wgmma16rs" or the
 -- built-in layout's name for the V-slice kernel, ...); M.last_variant()
 -- names what the last baked launch ran. On Hopper, 64-row tiles of bf16 rows
 -- and of the built-in fp8 layouts run 64-key tiles (fp8 fed from registers);
--- other layouts run 32-key staged tiles (tile_keys).
+-- other layouts run 32-key staged tiles (tile_keys). Dense decode over bf16
+-- rows takes 64-row tiles on Hopper whatever the row count (faster than the
+-- 16- and 32-row kernels there).
 local mla = require "mlalab"
 local core = mla.core
 local layout = require "mlalab.layout"
@@ -141,9 +143,9 @@ function M.prepare(o)
   if not sparse and (o.block_table == nil or o.cache_lens == nil) then
     fail("dense decode needs block_table and cache_lens; sparse decode needs indices")
   end
-  if o.specialize ~= nil and type(o.specialize) ~= "boolean" and o.specialize ~= "slice" then
-    fail("specialize must be true, false (the generic kernel) or \"slice\" (the V-slice kernel for 16-row tiles), got %s",
-      shown(o.specialize))
+  if o.specialize ~= nil and type(o.specialize) ~= "boolean" and o.specialize ~= "slice" and o.specialize ~= "wide" then
+    fail("specialize must be true, false (the generic kernel), \"slice\" (the V-slice kernel for 16-row tiles) or "
+      .. "\"wide\" (64-row tiles), got %s", shown(o.specialize))
   end
   if o.splits ~= nil and math.type(o.splits) ~= "integer" then fail("splits must be an integer, got %s", shown(o.splits)) end
   if sparse and o.causal then fail("causal applies to dense decode; sparse queries see exactly their indices") end

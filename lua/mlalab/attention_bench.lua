@@ -78,7 +78,7 @@ function M.run(p, bench_opts)
 end
 
 function M.name(p)
-  local gen = p.specialize == false and " gen" or p.specialize == "slice" and " slice" or ""
+  local gen = p.specialize == false and " gen" or type(p.specialize) == "string" and " " .. p.specialize or ""
   if p.kind == "sparse" then
     return string.format("sparse %s b%d s%d h%d k%d%s", p.layout, p.b, p.s_q or 1, p.h_q, p.topk, gen)
   end

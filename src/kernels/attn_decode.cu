@@ -190,7 +190,13 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   const int64_t rows = mla_attn_rows(a), problems = mla_attn_problems(a);
   if (rows < 1 || problems < 1) return 0; // nothing to compute (empty batch)
   const int dqk = (int)a->d_qk;
-  const int mr = rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
+  const int id_off = identity_offset(*d, *v, dqk);
+  // Dense bf16 rows (an identity view) of 32 query rows or fewer: on Hopper
+  // the 64-row wgmma kernel, its unused rows masked, streams the cache faster
+  // than the 16/32-row generic kernel (b128 h16 1.27-1.28x, s2 h16 2.3x on
+  // the H200; sparse even: bench/RESULTS.md, thirty-seventh session).
+  const bool wide_bf16 = specialize == MLA_ATTN_SPECIALIZED && !a->sparse && id_off >= 0 && wg_available(props);
+  const int mr = specialize == MLA_ATTN_WIDE || wide_bf16 ? 64 : rows <= 16 ? 16 : rows <= 32 ? 32 : 64;
   const int64_t row_chunks = (rows + mr - 1) / mr;
 
   params p;
@@ -205,7 +211,6 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   p.scale_log2 = a->scale * 1.4426950408889634f;
   p.q_vec = p.qs3 == 1 && p.qs0 % 8 == 0 && p.qs1 % 8 == 0 && p.qs2 % 8 == 0 && (uintptr_t)a->q % 16 == 0;
 
-  const int id_off = identity_offset(*d, *v, dqk);
   p.identity = id_off >= 0, p.id_off = id_off >= 0 ? id_off : 0;
   int64_t pitch = 0;
   for (int r = 0; r < d->nregions; r++) {

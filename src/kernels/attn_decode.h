@@ -40,9 +40,11 @@ int mla_attn_baked_supports(const mla_layout_desc *d, const mla_attn_args *a);
  * compile-time-specialized kernels (16-row tiles: the wgmma one on Hopper,
  * else the V-slice one; 64-row tiles: the wgmma kernel's register-fed
  * tiles); MLA_ATTN_SLICE the same but the V-slice kernel for 16-row tiles on
- * Hopper too; MLA_ATTN_GENERIC forces the generic, descriptor-driven kernel.
+ * Hopper too; MLA_ATTN_WIDE 64-row tiles whatever the row count (on Hopper
+ * the wgmma kernel, its unused rows masked); MLA_ATTN_GENERIC forces the
+ * generic, descriptor-driven kernel.
  * Returns 0, or -1 with mla_err. */
-enum mla_attn_specialize { MLA_ATTN_GENERIC = 0, MLA_ATTN_SPECIALIZED = 1, MLA_ATTN_SLICE = 2 };
+enum mla_attn_specialize { MLA_ATTN_GENERIC = 0, MLA_ATTN_SPECIALIZED = 1, MLA_ATTN_SLICE = 2, MLA_ATTN_WIDE = 3 };
 int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_view *v, const mla_attn_args *a, int64_t max_keys,
                          int splits, int specialize, void *out, float *lse, int dev, mla_attn_plan *plan);
 
