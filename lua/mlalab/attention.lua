@@ -25,9 +25,10 @@
 -- 16-row tiles, runs that layout's compile-time-specialized kernel: on
 -- Hopper the 16-row wgmma kernel, elsewhere the V-slice kernel; "slice"
 -- forces the V-slice kernel; "wide" runs 64-row tiles whatever the row
--- count; false forces the generic, descriptor-driven kernel). The third result of the baked path is its plan (splits, rows per
--- CTA, stages, tile_keys, variant = "generic", "wgmma", "wgmma16rs" or the
--- built-in layout's name for the V-slice kernel, ...); M.last_variant()
+-- count; false forces the generic, descriptor-driven kernel). The third
+-- result of the baked path is its plan (splits, rows per CTA, stages,
+-- tile_keys, variant = "generic", "wgmma", "wgmma16rs" or the built-in
+-- layout's name for the V-slice kernel, ...); M.last_variant()
 -- names what the last baked launch ran. On Hopper, 64-row tiles of bf16 rows
 -- and of the built-in fp8 layouts run 64-key tiles (fp8 fed from registers);
 -- other layouts run 32-key staged tiles (tile_keys). Dense decode over bf16
