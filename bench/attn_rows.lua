@@ -9,23 +9,7 @@
 local mla = require "mlalab"
 local AB = require "mlalab.attention_bench"
 
-local USAGE = "bench/attn_rows.lua [--max-time s] [--quick]"
-local max_time, quick = 0.25, false
-local args = { ... }
-local i = 1
-while i <= #args do
-  local a = args[i]
-  if a == "--max-time" then
-    max_time = tonumber(args[i + 1])
-    if not max_time or max_time <= 0 then error("bench/attn_rows.lua: --max-time takes a positive number (" .. USAGE .. ")", 0) end
-    i = i + 1
-  elseif a == "--quick" then
-    quick = true
-  else
-    error("bench/attn_rows.lua: unknown argument " .. a .. " (" .. USAGE .. ")", 0)
-  end
-  i = i + 1
-end
+local max_time, quick = AB.script_options("bench/attn_rows.lua", { ... }, 0.25)
 if mla.device() == "cpu" then error("bench/attn_rows.lua: times the baked GPU kernels; no GPU here", 0) end
 
 local FP8 = { fp8_pertensor = true, fp8_ds_mla = true, fp8_v4 = true }

@@ -9,23 +9,7 @@
 local mla = require "mlalab"
 local AB = require "mlalab.attention_bench"
 
-local USAGE = "bench/attn_splits.lua [--max-time s] [--quick]"
-local max_time, quick = 0.25, false
-local args = { ... }
-local i = 1
-while i <= #args do
-  local a = args[i]
-  if a == "--max-time" then
-    max_time = tonumber(args[i + 1])
-    if not max_time or max_time <= 0 then error("bench/attn_splits.lua: --max-time takes a positive number (" .. USAGE .. ")", 0) end
-    i = i + 1
-  elseif a == "--quick" then
-    quick = true
-  else
-    error("bench/attn_splits.lua: unknown argument " .. a .. " (" .. USAGE .. ")", 0)
-  end
-  i = i + 1
-end
+local max_time, quick = AB.script_options("bench/attn_splits.lua", { ... }, 0.25)
 if mla.device() == "cpu" then error("bench/attn_splits.lua: times the baked GPU kernels' split counts; no GPU here", 0) end
 
 -- rows: a shape and its batch sizes (H100: 132 SMs)

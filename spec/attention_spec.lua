@@ -940,35 +940,25 @@ describe("attention baked wgmma kernel (64-row tiles)", function()
   -- 16 and 32 query rows of dense bf16 take 64-row tiles on Hopper by default (the generic kernel
   -- with specialize = false); specialize = "wide" asks for them on any layout, dense and sparse.
   it("64-row tiles for 16 and 32 rows: bf16 by default, every layout with specialize = \"wide\" #gpu", function()
-    local function check(case, opts, preset, want_variant, want_rows)
-      local out, lse, plan = run(case, "baked", opts)
-      assert.equal(want_variant, plan.variant)
-      assert.equal(want_rows, plan.rows_per_cta)
-      local ro = {}
-      for k, v in pairs(opts) do ro[k] = v end
-      ro.splits, ro.specialize = nil, nil
-      local ok, err = pcall(against_ref, case, ro, out, lse, preset)
-      if not ok then error(string.format("%s, specialize = %s:\n%s", case.layout.name, tostring(opts.specialize), tostring(err)), 0) end
-    end
     local hopper = mla.device_props(0).arch == "sm_90"
     mla.manual_seed(1180)
     for _, shape in ipairs { { 1, 16 }, { 2, 16 }, { 2, 8 } } do
       local case = C.dense { layout = "bf16", b = 3, s_q = shape[1], h_q = shape[2], lens = { 700, 0, 129 }, block_size = 33 }
-      local rows = shape[1] * shape[2]
+      local rows, causal = shape[1] * shape[2], shape[1] > 1
       for _, splits in ipairs { 1, 0 } do
-        check(case, { splits = splits, causal = shape[1] > 1 }, DENSE_OUT, hopper and "wgmma" or "generic", hopper and 64 or rows)
+        specialized_and_generic(case, { splits = splits, causal = causal }, DENSE_OUT, wgmma_expected, hopper and 64 or rows, { true })
       end
-      check(case, { specialize = false, causal = shape[1] > 1 }, DENSE_OUT, "generic", rows)
+      specialized_and_generic(case, { causal = causal }, DENSE_OUT, nil, rows, { false })
     end
     for k, name in ipairs(MLA_LAYOUTS) do
       mla.manual_seed(1190 + k)
       local case = C.dense { layout = name, b = 4, s_q = 1, h_q = 16, lens = { 300, 0, 1100, 64 }, tensor_scale = 0.5 }
       for _, splits in ipairs { 1, 0 } do
-        check(case, { specialize = "wide", splits = splits }, DENSE_OUT, hopper and "wgmma" or "generic", 64)
+        specialized_and_generic(case, { splits = splits }, DENSE_OUT, wgmma_expected, 64, { "wide" })
       end
       local sp = C.sparse { layout = name, b = 3, s_q = 2, h_q = 16, topk = 192, pool = 700, invalid = 0.2,
         empty_rows = { { 1, 1 } }, topk_len = { 192, 77, 130 }, block_size = 64, tensor_scale = 0.25 }
-      check(sp, { specialize = "wide", scale = sp.layout.k_dims ^ -0.55 }, SPARSE_OUT, hopper and "wgmma" or "generic", 64)
+      specialized_and_generic(sp, { scale = sp.layout.k_dims ^ -0.55 }, SPARSE_OUT, wgmma_expected, 64, { "wide" })
     end
   end)
 

@@ -94,6 +94,28 @@ local function pad(s, w)
   return s .. string.rep(" ", w - #s)
 end
 
+--- Options of the bench scripts that take [--max-time s] [--quick]: returns
+-- max_time (default `max_time`) and quick; a bad one raises an error naming
+-- `script` and its usage.
+function M.script_options(script, args, max_time)
+  local usage = script .. " [--max-time s] [--quick]"
+  local quick, i = false, 1
+  while i <= #args do
+    local a = args[i]
+    if a == "--max-time" then
+      max_time = tonumber(args[i + 1])
+      if not max_time or max_time <= 0 then error(script .. ": --max-time takes a positive number (" .. usage .. ")", 0) end
+      i = i + 1
+    elseif a == "--quick" then
+      quick = true
+    else
+      error(script .. ": unknown argument " .. a .. " (" .. usage .. ")", 0)
+    end
+    i = i + 1
+  end
+  return max_time, quick
+end
+
 function M.header()
   local t = {}
   for _, c in ipairs(COLS) do t[#t + 1] = pad(c[1], c[2]) end
