@@ -308,6 +308,189 @@ __global__ void __launch_bounds__(kRqThreads, 4)
   }
 }
 
+// ---- relayouts with a chunked side: a page at a time through shared memory ----
+//
+// Between an interleaved and a page-blocked layout (fp8_ds_mla <->
+// fp8_ds_mla_blocked) a token's bytes scatter over the page: the per-token
+// kernel above moved 8-byte halves of 16-byte pieces 1 KB apart and reached
+// 51-56% of memcpy (bench/RESULTS.md). Here a block stages the whole source
+// page in shared memory (each region one contiguous run of 16-byte copies;
+// region 0's token rows at the view's token stride), then walks the
+// destination page in its own byte order, each unit (a field's chunk or a
+// group scale) gathered from the staged copy: both sides' global accesses are
+// whole consecutive runs. A staged chunked region keeps 16 bytes between
+// pieces, so that a warp reading one token's consecutive pieces (1 KB apart
+// in the page) spreads over the banks. Only moves: every destination field's dims lie in
+// one source field of the same dtype and scale grouping (codes and scale
+// bits copied as they are).
+
+// Units of a destination field or its scales in memory order: unit i ->
+// (token t, unit j of the token), where a chunked region orders its pieces
+// (piece, token, unit within the piece) and whole rows (token, unit).
+template <int BS, int PC, int UB, int B0> struct unit_order {
+  __device__ __forceinline__ static void at(int i, int n, int &t, int &j) {
+    if constexpr (PC == 0) {
+      t = i / n, j = i - t * n;
+    } else {
+      constexpr int M = PC / UB; // units a piece
+      const int pp = i / (BS * M), r = i - pp * (BS * M);
+      t = r / M, j = pp * M + (r - t * M) - (B0 % PC) / UB;
+    }
+  }
+};
+
+// The staged copy: region r at st_off, a chunked region's pieces st_pstride apart.
+constexpr int64_t st_pstride(const mla_layout_desc &d, int r) {
+  return d.region_chunk[r] ? (int64_t)d.region_chunk[r] * d.block_size + 16 : 0;
+}
+constexpr int64_t st_size(const mla_layout_desc &d, int r) {
+  return d.region_chunk[r] ? d.region_row_bytes[r] / d.region_chunk[r] * st_pstride(d, r)
+                           : (int64_t)d.block_size * d.region_row_bytes[r];
+}
+constexpr int64_t st_off(const mla_layout_desc &d, int r) {
+  int64_t o = 0;
+  for (int k = 0; k < r; k++) o += st_size(d, k);
+  return o;
+}
+// Chunk j of field Fs, and the scale of chunk j's group, of token t in the staged copy.
+template <class Fs, class L> __device__ __forceinline__ const unsigned char *staged_chunk(const unsigned char *pg, int t, int j) {
+  constexpr int r = Fs::region;
+  constexpr int64_t so = st_off(L::host, r), ps = st_pstride(L::host, r), rowb = L::host.region_row_bytes[r];
+  const int b = Fs::byte_off + j * Fs::cb;
+  if constexpr (Fs::pc == 0) return pg + so + b + (int64_t)t * rowb;
+  else return pg + so + (b / Fs::pc) * ps + b % Fs::pc + t * Fs::pc;
+}
+template <class Fs, class L> __device__ __forceinline__ const unsigned char *staged_scale(const unsigned char *pg, int t, int j) {
+  constexpr int r = Fs::f.scale_region;
+  constexpr int64_t so = st_off(L::host, r), ps = st_pstride(L::host, r), rowb = L::host.region_row_bytes[r];
+  const int b = Fs::f.scale_off + (j / Fs::gch) * Fs::ss;
+  if constexpr (Fs::spc == 0) return pg + so + b + (int64_t)t * rowb;
+  else return pg + so + (b / Fs::spc) * ps + b % Fs::spc + t * Fs::spc;
+}
+
+constexpr bool page_regions_ok(const mla_layout_desc &d) {
+  for (int r = 0; r < d.nregions; r++) {
+    if (d.region_off[r] % 16 || ((int64_t)d.block_size * d.region_row_bytes[r]) % 16) return false;
+    if (d.region_chunk[r] && (d.region_row_bytes[r] % d.region_chunk[r] || (d.region_chunk[r] * d.block_size) % 16)) return false;
+    if (r == 0 && d.region_chunk[0] == 0 && d.region_row_bytes[0] % 16) return false;
+  }
+  return st_off(d, d.nregions) <= 96 * 1024;
+}
+constexpr int64_t mod_or0(int64_t a, int64_t b) { return b ? a % b : 0; }
+template <class LS, class LD, int F> constexpr bool page_field_ok() {
+  using Fd = fld<LD, F>;
+  if constexpr (!Fd::data) return true;
+  else {
+    constexpr int fs = src_field_for(LS::host, Fd::dim_lo, Fd::dim_lo + Fd::count);
+    if constexpr (fs < 0) return false;
+    else {
+      using Fs = fld<LS, fs>;
+      if (Fs::dtype != Fd::dtype || Fs::skind != Fd::skind || !Fd::vec || !Fs::vec) return false;
+      if (Fd::dtype == MLA_BF16 && (Fd::cb != 16 || Fd::skind != MLA_SCALE_NONE)) return false;
+      if (Fd::skind == MLA_SCALE_GROUP &&
+          (Fs::f.group != Fd::f.group || Fs::sdtype != Fd::sdtype || mod_or0(Fd::dim_lo - Fs::dim_lo, Fd::f.group)))
+        return false;
+      if (Fd::skind != MLA_SCALE_GROUP && Fd::skind != MLA_SCALE_NONE) return false;
+      if (Fd::pc && (mod_or0(Fd::pc, Fd::cb) || mod_or0(Fd::byte_off, Fd::pc) || mod_or0(Fd::nch * Fd::cb, Fd::pc))) return false;
+      if (Fd::skind == MLA_SCALE_GROUP && Fd::spc &&
+          (mod_or0(Fd::spc, Fd::ss) || mod_or0(Fd::f.scale_off, Fd::spc) ||
+           mod_or0(Fd::count / (Fd::f.group ? Fd::f.group : 1) * Fd::ss, Fd::spc)))
+        return false;
+      return true;
+    }
+  }
+}
+template <class LS, class LD, int... F> constexpr bool page_fields_ok(std::integer_sequence<int, F...>) {
+  return (page_field_ok<LS, LD, F>() && ...);
+}
+template <class LS, class LD> constexpr bool page_requant_ok() {
+  if constexpr (!requant_ok<LS, LD>()) return false;
+  else
+    return (mla_layout_chunked(&LS::host) || mla_layout_chunked(&LD::host)) && page_regions_ok(LS::host) &&
+           page_fields_ok<LS, LD>(std::make_integer_sequence<int, LD::host.nfields>{});
+}
+
+// n bytes (4, 8 or 16; aligned) from shared memory to global.
+template <int N> __device__ __forceinline__ void move_unit(unsigned char *d, const unsigned char *s) {
+  if constexpr (N == 16) *reinterpret_cast<uint4 *>(d) = *reinterpret_cast<const uint4 *>(s);
+  else if constexpr (N == 8) *reinterpret_cast<uint2 *>(d) = *reinterpret_cast<const uint2 *>(s);
+  else if constexpr (N == 4) *reinterpret_cast<uint32_t *>(d) = *reinterpret_cast<const uint32_t *>(s);
+  else
+    for (int i = 0; i < N; i++) d[i] = s[i];
+}
+
+template <class LS, class LD>
+__global__ void __launch_bounds__(kRqThreads) page_requant_kernel(const __grid_constant__ mla_cache_view sv,
+                                                                   const __grid_constant__ mla_cache_view dv) {
+  constexpr int BS = LS::host.block_size;
+  extern __shared__ __align__(16) unsigned char pg[];
+  const uint32_t pg_addr = mla::smem_addr(pg);
+  for (int64_t page = blockIdx.x; page < sv.num_pages; page += gridDim.x) {
+    const unsigned char *sp = sv.base + page * sv.page_stride;
+    unsigned char *dp = dv.base + page * dv.page_stride;
+    // stage: region r's run of BS rows (pieces) at its offset in the page
+    static_for<LS::host.nregions>([&](auto Rc) {
+      constexpr int r = decltype(Rc)::value;
+      constexpr int64_t off = LS::host.region_off[r];
+      constexpr int rb = LS::host.region_row_bytes[r], n16 = BS * rb / 16;
+      constexpr bool rows = r == 0 && LS::host.region_chunk[0] == 0; // at the view's token stride
+      constexpr int64_t ps = (int64_t)LS::host.region_chunk[r] * BS;  // a chunked region's piece run
+      constexpr int64_t sps = st_pstride(LS::host, r), so = st_off(LS::host, r);
+      for (int u = threadIdx.x; u < n16; u += kRqThreads) {
+        const int64_t at = rows ? (int64_t)(u / (rb / 16)) * sv.token_stride + (u % (rb / 16)) * 16 : (int64_t)u * 16;
+        const int64_t to = ps ? (16 * (int64_t)u) / ps * sps + (16 * (int64_t)u) % ps : 16 * (int64_t)u;
+        mla::cp_async16(pg_addr + (uint32_t)(so + to), sp + off + at, 16);
+      }
+    });
+    mla::cp_async_commit();
+    mla::cp_async_wait<0>();
+    __syncthreads();
+    static_for<LD::host.nfields>([&](auto Fc) {
+      using Fd = fld<LD, decltype(Fc)::value>;
+      if constexpr (Fd::data) {
+        using Fs = fld<LS, src_field_for(LS::host, Fd::dim_lo, Fd::dim_lo + Fd::count)>;
+        constexpr int dj = Fd::c0 - Fs::c0; // a destination chunk's source chunk, less j
+        // 8-byte chunks move in pairs where both sides keep a pair's 16 bytes together and aligned
+        constexpr bool PAIR = Fd::cb == 8 && Fd::nch % 2 == 0 && Fd::off % 16 == 0 && (Fd::row == 0 || Fd::row % 16 == 0) &&
+                              (Fd::pc == 0 || Fd::pc % 16 == 0) && (Fs::byte_off + 8 * dj) % 16 == 0 &&
+                              (Fs::pc == 0 || Fs::pc % 16 == 0) && LS::host.region_row_bytes[Fs::region] % 16 == 0;
+        constexpr int U = PAIR ? 2 : 1, UB = U * Fd::cb, NU = Fd::nch / U;
+        for (int i = threadIdx.x; i < BS * NU; i += kRqThreads) {
+          int t, ju;
+          unit_order<BS, Fd::pc, UB, Fd::byte_off>::at(i, NU, t, ju);
+          unsigned char *d = const_cast<unsigned char *>(chunk_addr<Fd>(dp, t, dv.token_stride, U * ju));
+          const unsigned char *src = staged_chunk<Fs, LS>(pg, t, U * ju + dj);
+          if constexpr (Fd::dtype == MLA_BF16) { // unscaled bf16: NaNs become the canonical 0x7fff, as in every requant
+            const uint4 v = *reinterpret_cast<const uint4 *>(src);
+            *reinterpret_cast<uint4 *>(d) = make_uint4(mla::bf16x2_canon_nan(v.x), mla::bf16x2_canon_nan(v.y),
+                                                       mla::bf16x2_canon_nan(v.z), mla::bf16x2_canon_nan(v.w));
+          } else {
+            move_unit<UB>(d, src);
+          }
+        }
+        if constexpr (Fd::skind == MLA_SCALE_GROUP) {
+          constexpr int NG = Fd::count / Fd::f.group;
+          for (int i = threadIdx.x; i < BS * NG; i += kRqThreads) {
+            int t, gi;
+            unit_order<BS, Fd::spc, Fd::ss, Fd::f.scale_off>::at(i, NG, t, gi);
+            const int j = gi * Fd::gch; // the group's first chunk
+            move_unit<Fd::ss>(const_cast<unsigned char *>(scale_addr<Fd>(dp, t, dv.token_stride, j)), staged_scale<Fs, LS>(pg, t, j + dj));
+          }
+        }
+      } else { // padding, in whole rows (pads_whole)
+        for (int i = threadIdx.x; i < BS * Fd::count; i += kRqThreads) {
+          const int t = i / Fd::count;
+          const_cast<unsigned char *>(chunk_addr<Fd>(dp, t, dv.token_stride, 0))[i - t * Fd::count] = 0;
+        }
+      }
+    });
+    __syncthreads(); // the staged page is read before the next one lands
+  }
+}
+
+static_assert(page_requant_ok<spec_fp8_ds_mla, spec_fp8_ds_mla_blocked>() && page_requant_ok<spec_fp8_ds_mla_blocked, spec_fp8_ds_mla>(),
+              "the V3.2 relayouts run a page at a time");
+
 // Pair names ("fp8_pertensor->fp8_ds_mla"), static for mla_cuda_kv_note_variant.
 const char *pair_name(const char *a, const char *b) {
   static char names[kNumBuiltins * kNumBuiltins][80];
@@ -329,7 +512,19 @@ bool spec_requant(const mla_kv_cache *src, const mla_kv_cache *dst, int64_t ntok
     using LS = decltype(sspec);
     dn = with_builtin(dst->desc, dst->view, [&](auto dspec) {
       using LD = decltype(dspec);
-      if constexpr (requant_ok<LS, LD>()) {
+      if constexpr (page_requant_ok<LS, LD>()) {
+        auto k = page_requant_kernel<LS, LD>;
+        constexpr int smem = (int)st_off(LS::host, LS::host.nregions);
+        if (smem > 48 * 1024) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+        int dev = 0, sms = 0, per_sm = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kRqThreads, smem);
+        const int64_t pages = src->view.num_pages, most = (int64_t)(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1) * 8;
+        k<<<(unsigned)(pages < most ? pages : most), kRqThreads, smem, s>>>(src->view, dst->view);
+        ran = true;
+      } else if constexpr (requant_ok<LS, LD>()) {
         constexpr int RR = 2;
         auto k = spec_requant_kernel<LS, LD, RR>;
         // 64 waves of resident blocks: 4 waves measured 5-7% slower (H100, 256 MiB and 1 GiB,
