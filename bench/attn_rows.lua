@@ -5,6 +5,8 @@
 -- keys, so each kernel's fixed cost a split shows). Prints each case's times, the fastest
 -- choice and default / fastest. (bench/RESULTS.md, thirty-seventh session: on the H200 dense bf16
 -- runs 1.28-2.3 times faster on 64-row tiles at b128, so the launcher takes them by default.)
+-- Each case builds its own pools: a full run takes about five minutes on the H200, --quick
+-- (bf16 and fp8_ds_mla at b128) about two.
 --   mlalab bench/attn_rows.lua [--max-time s] [--quick]
 local mla = require "mlalab"
 local AB = require "mlalab.attention_bench"
