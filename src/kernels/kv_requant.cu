@@ -320,21 +320,22 @@ __global__ void __launch_bounds__(kRqThreads, 4)
 // group scale) gathered from the staged copy: both sides' global accesses are
 // whole consecutive runs. A staged chunked region keeps 16 bytes between
 // pieces, so that a warp reading one token's consecutive pieces (1 KB apart
-// in the page) spreads over the banks. Only moves: every destination field's dims lie in
-// one source field of the same dtype and scale grouping (codes and scale
-// bits copied as they are).
+// in the page) spreads over the banks. Only moves: every destination field's
+// dims lie in one source field of the same dtype and scale grouping (codes
+// and scale bits copied as they are).
 
 // Units of a destination field or its scales in memory order: unit i ->
 // (token t, unit j of the token), where a chunked region orders its pieces
-// (piece, token, unit within the piece) and whole rows (token, unit).
-template <int BS, int PC, int UB, int B0> struct unit_order {
+// (piece, token, unit within the piece) and whole rows (token, unit). A
+// chunked field starts on a piece (page_field_ok).
+template <int BS, int PC, int UB> struct unit_order {
   __device__ __forceinline__ static void at(int i, int n, int &t, int &j) {
     if constexpr (PC == 0) {
       t = i / n, j = i - t * n;
     } else {
       constexpr int M = PC / UB; // units a piece
       const int pp = i / (BS * M), r = i - pp * (BS * M);
-      t = r / M, j = pp * M + (r - t * M) - (B0 % PC) / UB;
+      t = r / M, j = pp * M + (r - t * M);
     }
   }
 };
@@ -410,6 +411,82 @@ template <class LS, class LD> constexpr bool page_requant_ok() {
            page_fields_ok<LS, LD>(std::make_integer_sequence<int, LD::host.nfields>{});
 }
 
+// A destination of whole rows in one region (fp8_ds_mla) is written a row at a
+// time instead of field by field, each 16-byte unit of a row made from the
+// staged source by a recipe fixed at compile time: one aligned 16-byte run
+// (codes; bf16 with its NaNs made canonical), or four 4-byte words (the group
+// scales, from four pieces), so each row goes out as consecutive 16-byte
+// stores rather than as three passes of a field each.
+constexpr int kRowUnits = 64; // 16-byte units a row, at most
+enum { RU_RUN = 1, RU_CANON = 2 };
+struct row_unit {
+  int off[4];  // staged offset of word k for token 0
+  int tstride; // staged bytes between tokens
+  int flags;   // RU_RUN: words k at off[0] + 4k, 16-byte aligned; RU_CANON: bf16 words
+  int pad[2];
+};
+struct row_table {
+  row_unit u[kRowUnits];
+  int n;  // units a row
+  bool ok;
+};
+// Where dst row byte b (a multiple of 4) comes from in the staged source: data of a field
+// (kind 1, bf16 kind 2) or a group scale (kind 3); false if the word has no single source.
+constexpr bool row_word(const mla_layout_desc &sd, const mla_layout_desc &dd, int b, int &off, int &ts, int &kind) {
+  auto staged = [&](int r, int sb) {
+    const int pc = sd.region_chunk[r];
+    if (pc) {
+      if (sb % pc + 4 > pc) return false;
+      off = (int)st_off(sd, r) + sb / pc * (int)st_pstride(sd, r) + sb % pc, ts = pc;
+    } else {
+      off = (int)st_off(sd, r) + sb, ts = sd.region_row_bytes[r];
+    }
+    return true;
+  };
+  for (int f = 0; f < dd.nfields; f++) {
+    const mla_layout_field &F = dd.fields[f];
+    if (F.role != MLA_FIELD_DATA || F.region != 0) continue;
+    const int esz = F.dtype == MLA_E4M3 ? 1 : F.dtype == MLA_BF16 ? 2 : 0;
+    if (esz && b >= F.byte_off && b < F.byte_off + F.count * esz) {
+      const int d = F.dim_lo + (b - F.byte_off) / esz, fs = src_field_for(sd, d, d + 4 / esz);
+      if (fs < 0 || sd.fields[fs].dtype != F.dtype || (b - F.byte_off) % esz) return false;
+      kind = esz == 2 ? 2 : 1;
+      return staged(sd.fields[fs].region, sd.fields[fs].byte_off + (d - sd.fields[fs].dim_lo) * esz);
+    }
+    if (F.scale_kind == MLA_SCALE_GROUP && F.scale_region == 0 && scale_bytes_of(F.scale_dtype) == 4 && b >= F.scale_off &&
+        b < F.scale_off + F.count / F.group * 4) {
+      const int d = F.dim_lo + (b - F.scale_off) / 4 * F.group, fs = src_field_for(sd, d, d + 8);
+      if (fs < 0 || (b - F.scale_off) % 4 || sd.fields[fs].scale_kind != MLA_SCALE_GROUP) return false;
+      kind = 3;
+      return staged(sd.fields[fs].scale_region, sd.fields[fs].scale_off + (d - sd.fields[fs].dim_lo) / sd.fields[fs].group * 4);
+    }
+  }
+  return false; // a pad or a byte no field describes: not written here
+}
+constexpr row_table make_row_table(const mla_layout_desc &sd, const mla_layout_desc &dd) {
+  row_table T{};
+  const int R = dd.region_row_bytes[0];
+  T.ok = dd.nregions == 1 && dd.region_chunk[0] == 0 && R % 16 == 0 && R / 16 <= kRowUnits;
+  T.n = T.ok ? R / 16 : 0;
+  for (int u = 0; u < T.n && T.ok; u++) {
+    row_unit &U = T.u[u];
+    int kinds[4] = {0, 0, 0, 0}, ts[4] = {0, 0, 0, 0};
+    for (int k = 0; k < 4 && T.ok; k++) T.ok = row_word(sd, dd, 16 * u + 4 * k, U.off[k], ts[k], kinds[k]);
+    if (!T.ok) break;
+    bool run = U.off[0] % 16 == 0 && ts[0] % 16 == 0, same = true;
+    for (int k = 1; k < 4; k++) {
+      run = run && U.off[k] == U.off[0] + 4 * k && kinds[k] == kinds[0];
+      same = same && ts[k] == ts[0];
+    }
+    bool bf16 = false;
+    for (int k = 0; k < 4; k++) bf16 = bf16 || kinds[k] == 2;
+    T.ok = same && (run || !bf16); // bf16 words only in whole runs
+    U.tstride = ts[0], U.flags = (run ? RU_RUN : 0) | (bf16 ? RU_CANON : 0);
+  }
+  return T;
+}
+template <class LS, class LD> constexpr row_table kRowTable = make_row_table(LS::host, LD::host);
+
 // n bytes (4, 8 or 16; aligned) from shared memory to global.
 template <int N> __device__ __forceinline__ void move_unit(unsigned char *d, const unsigned char *s) {
   if constexpr (N == 16) *reinterpret_cast<uint4 *>(d) = *reinterpret_cast<const uint4 *>(s);
@@ -419,12 +496,18 @@ template <int N> __device__ __forceinline__ void move_unit(unsigned char *d, con
     for (int i = 0; i < N; i++) d[i] = s[i];
 }
 
-template <class LS, class LD>
+template <class LS, class LD, bool ROWS>
 __global__ void __launch_bounds__(kRqThreads) page_requant_kernel(const __grid_constant__ mla_cache_view sv,
-                                                                   const __grid_constant__ mla_cache_view dv) {
+                                                                   const __grid_constant__ mla_cache_view dv,
+                                                                   const __grid_constant__ row_table rt) {
   constexpr int BS = LS::host.block_size;
+  constexpr int64_t STAGED = st_off(LS::host, LS::host.nregions);
   extern __shared__ __align__(16) unsigned char pg[];
   const uint32_t pg_addr = mla::smem_addr(pg);
+  row_unit *units = reinterpret_cast<row_unit *>(pg + STAGED); // ROWS: the recipes, read per unit
+  if constexpr (ROWS) {
+    for (int u = threadIdx.x; u < rt.n; u += kRqThreads) units[u] = rt.u[u];
+  }
   for (int64_t page = blockIdx.x; page < sv.num_pages; page += gridDim.x) {
     const unsigned char *sp = sv.base + page * sv.page_stride;
     unsigned char *dp = dv.base + page * dv.page_stride;
@@ -445,6 +528,27 @@ __global__ void __launch_bounds__(kRqThreads) page_requant_kernel(const __grid_c
     mla::cp_async_commit();
     mla::cp_async_wait<0>();
     __syncthreads();
+    if constexpr (ROWS) {
+      constexpr int64_t RO = LD::host.region_off[0];
+      const int n = rt.n;
+      for (int i = threadIdx.x; i < BS * n; i += kRqThreads) {
+        const int t = i / n, u = i - t * n;
+        const row_unit &U = units[u];
+        uint4 v;
+        if (U.flags & RU_RUN) {
+          v = *reinterpret_cast<const uint4 *>(pg + U.off[0] + t * U.tstride);
+          if (U.flags & RU_CANON)
+            v = make_uint4(mla::bf16x2_canon_nan(v.x), mla::bf16x2_canon_nan(v.y), mla::bf16x2_canon_nan(v.z), mla::bf16x2_canon_nan(v.w));
+        } else {
+          const int o = t * U.tstride;
+          v = make_uint4(*reinterpret_cast<const uint32_t *>(pg + U.off[0] + o), *reinterpret_cast<const uint32_t *>(pg + U.off[1] + o),
+                         *reinterpret_cast<const uint32_t *>(pg + U.off[2] + o), *reinterpret_cast<const uint32_t *>(pg + U.off[3] + o));
+        }
+        *reinterpret_cast<uint4 *>(dp + RO + (int64_t)t * dv.token_stride + 16 * u) = v;
+      }
+      __syncthreads(); // the staged page is read before the next one lands
+      continue;
+    }
     static_for<LD::host.nfields>([&](auto Fc) {
       using Fd = fld<LD, decltype(Fc)::value>;
       if constexpr (Fd::data) {
@@ -457,7 +561,7 @@ __global__ void __launch_bounds__(kRqThreads) page_requant_kernel(const __grid_c
         constexpr int U = PAIR ? 2 : 1, UB = U * Fd::cb, NU = Fd::nch / U;
         for (int i = threadIdx.x; i < BS * NU; i += kRqThreads) {
           int t, ju;
-          unit_order<BS, Fd::pc, UB, Fd::byte_off>::at(i, NU, t, ju);
+          unit_order<BS, Fd::pc, UB>::at(i, NU, t, ju);
           unsigned char *d = const_cast<unsigned char *>(chunk_addr<Fd>(dp, t, dv.token_stride, U * ju));
           const unsigned char *src = staged_chunk<Fs, LS>(pg, t, U * ju + dj);
           if constexpr (Fd::dtype == MLA_BF16) { // unscaled bf16: NaNs become the canonical 0x7fff, as in every requant
@@ -472,7 +576,7 @@ __global__ void __launch_bounds__(kRqThreads) page_requant_kernel(const __grid_c
           constexpr int NG = Fd::count / Fd::f.group;
           for (int i = threadIdx.x; i < BS * NG; i += kRqThreads) {
             int t, gi;
-            unit_order<BS, Fd::spc, Fd::ss, Fd::f.scale_off>::at(i, NG, t, gi);
+            unit_order<BS, Fd::spc, Fd::ss>::at(i, NG, t, gi);
             const int j = gi * Fd::gch; // the group's first chunk
             move_unit<Fd::ss>(const_cast<unsigned char *>(scale_addr<Fd>(dp, t, dv.token_stride, j)), staged_scale<Fs, LS>(pg, t, j + dj));
           }
@@ -490,6 +594,9 @@ __global__ void __launch_bounds__(kRqThreads) page_requant_kernel(const __grid_c
 
 static_assert(page_requant_ok<spec_fp8_ds_mla, spec_fp8_ds_mla_blocked>() && page_requant_ok<spec_fp8_ds_mla_blocked, spec_fp8_ds_mla>(),
               "the V3.2 relayouts run a page at a time");
+static_assert(kRowTable<spec_fp8_ds_mla_blocked, spec_fp8_ds_mla>.ok && kRowTable<spec_fp8_ds_mla_blocked, spec_fp8_ds_mla>.n == 41 &&
+                  !kRowTable<spec_fp8_ds_mla, spec_fp8_ds_mla_blocked>.ok,
+              "into fp8_ds_mla a row at a time; into the page-blocked layout field by field");
 
 // Pair names ("fp8_pertensor->fp8_ds_mla"), static for mla_cuda_kv_note_variant.
 const char *pair_name(const char *a, const char *b) {
@@ -513,8 +620,9 @@ bool spec_requant(const mla_kv_cache *src, const mla_kv_cache *dst, int64_t ntok
     dn = with_builtin(dst->desc, dst->view, [&](auto dspec) {
       using LD = decltype(dspec);
       if constexpr (page_requant_ok<LS, LD>()) {
-        auto k = page_requant_kernel<LS, LD>;
-        constexpr int smem = (int)st_off(LS::host, LS::host.nregions);
+        constexpr row_table rt = kRowTable<LS, LD>;
+        auto k = page_requant_kernel<LS, LD, rt.ok>;
+        constexpr int smem = (int)st_off(LS::host, LS::host.nregions) + (rt.ok ? rt.n * (int)sizeof(row_unit) : 0);
         if (smem > 48 * 1024) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
         int dev = 0, sms = 0, per_sm = 0;
@@ -522,7 +630,7 @@ bool spec_requant(const mla_kv_cache *src, const mla_kv_cache *dst, int64_t ntok
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kRqThreads, smem);
         const int64_t pages = src->view.num_pages, most = (int64_t)(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1) * 8;
-        k<<<(unsigned)(pages < most ? pages : most), kRqThreads, smem, s>>>(src->view, dst->view);
+        k<<<(unsigned)(pages < most ? pages : most), kRqThreads, smem, s>>>(src->view, dst->view, rt);
         ran = true;
       } else if constexpr (requant_ok<LS, LD>()) {
         constexpr int RR = 2;
