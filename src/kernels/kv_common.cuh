@@ -293,9 +293,7 @@ static __device__ __noinline__ uint4 stage_dequant_generic(const stage_chunk k, 
 // rounded once (the reference's product).
 __device__ __forceinline__ uint4 stage_dequant(const stage_chunk &k, const unsigned char *row, float ts) {
   if (k.kind == SK_COPY) { // bf16 -> fp32 -> bf16 as the reference: NaNs become the canonical 0x7fff
-    const uint4 w = *reinterpret_cast<const uint4 *>(row + k.src);
-    return make_uint4(mla::bf16x2_canon_nan(w.x), mla::bf16x2_canon_nan(w.y), mla::bf16x2_canon_nan(w.z),
-                      mla::bf16x2_canon_nan(w.w));
+    return mla::bf16x8_canon_nan(*reinterpret_cast<const uint4 *>(row + k.src));
   }
   if (k.kind == SK_ZERO) return make_uint4(0, 0, 0, 0);
   if (k.kind == SK_GENERIC) return stage_dequant_generic(k, row, ts);

@@ -214,8 +214,7 @@ template <class Fd> __device__ __forceinline__ uint32_t load_scale(const unsigne
 // the other slow dtypes re-read it).
 template <class Fd> __device__ __forceinline__ uint4 dequant(uint4 raw, uint32_t sbits, float ts, const unsigned char *p) {
   if constexpr (Fd::dtype == MLA_BF16 && Fd::skind == MLA_SCALE_NONE) {
-    return make_uint4(mla::bf16x2_canon_nan(raw.x), mla::bf16x2_canon_nan(raw.y), mla::bf16x2_canon_nan(raw.z),
-                      mla::bf16x2_canon_nan(raw.w));
+    return mla::bf16x8_canon_nan(raw);
   } else {
     float x[8];
     if constexpr (Fd::dtype == MLA_E4M3) mla::e4m3x8_decode(make_uint2(raw.x, raw.y), x);

@@ -487,17 +487,8 @@ constexpr row_table make_row_table(const mla_layout_desc &sd, const mla_layout_d
 }
 template <class LS, class LD> constexpr row_table kRowTable = make_row_table(LS::host, LD::host);
 
-// n bytes (4, 8 or 16; aligned) from shared memory to global.
-template <int N> __device__ __forceinline__ void move_unit(unsigned char *d, const unsigned char *s) {
-  if constexpr (N == 16) *reinterpret_cast<uint4 *>(d) = *reinterpret_cast<const uint4 *>(s);
-  else if constexpr (N == 8) *reinterpret_cast<uint2 *>(d) = *reinterpret_cast<const uint2 *>(s);
-  else if constexpr (N == 4) *reinterpret_cast<uint32_t *>(d) = *reinterpret_cast<const uint32_t *>(s);
-  else
-    for (int i = 0; i < N; i++) d[i] = s[i];
-}
-
 template <class LS, class LD, bool ROWS>
-__global__ void __launch_bounds__(kRqThreads) page_requant_kernel(const __grid_constant__ mla_cache_view sv,
+__global__ void __launch_bounds__(kThreads) page_requant_kernel(const __grid_constant__ mla_cache_view sv,
                                                                    const __grid_constant__ mla_cache_view dv,
                                                                    const __grid_constant__ row_table rt) {
   constexpr int BS = LS::host.block_size;
@@ -506,7 +497,7 @@ __global__ void __launch_bounds__(kRqThreads) page_requant_kernel(const __grid_c
   const uint32_t pg_addr = mla::smem_addr(pg);
   row_unit *units = reinterpret_cast<row_unit *>(pg + STAGED); // ROWS: the recipes, read per unit
   if constexpr (ROWS) {
-    for (int u = threadIdx.x; u < rt.n; u += kRqThreads) units[u] = rt.u[u];
+    for (int u = threadIdx.x; u < rt.n; u += kThreads) units[u] = rt.u[u];
   }
   for (int64_t page = blockIdx.x; page < sv.num_pages; page += gridDim.x) {
     const unsigned char *sp = sv.base + page * sv.page_stride;
@@ -519,7 +510,7 @@ __global__ void __launch_bounds__(kRqThreads) page_requant_kernel(const __grid_c
       constexpr bool rows = r == 0 && LS::host.region_chunk[0] == 0; // at the view's token stride
       constexpr int64_t ps = (int64_t)LS::host.region_chunk[r] * BS;  // a chunked region's piece run
       constexpr int64_t sps = st_pstride(LS::host, r), so = st_off(LS::host, r);
-      for (int u = threadIdx.x; u < n16; u += kRqThreads) {
+      for (int u = threadIdx.x; u < n16; u += kThreads) {
         const int64_t at = rows ? (int64_t)(u / (rb / 16)) * sv.token_stride + (u % (rb / 16)) * 16 : (int64_t)u * 16;
         const int64_t to = ps ? (16 * (int64_t)u) / ps * sps + (16 * (int64_t)u) % ps : 16 * (int64_t)u;
         mla::cp_async16(pg_addr + (uint32_t)(so + to), sp + off + at, 16);
@@ -531,14 +522,13 @@ __global__ void __launch_bounds__(kRqThreads) page_requant_kernel(const __grid_c
     if constexpr (ROWS) {
       constexpr int64_t RO = LD::host.region_off[0];
       const int n = rt.n;
-      for (int i = threadIdx.x; i < BS * n; i += kRqThreads) {
+      for (int i = threadIdx.x; i < BS * n; i += kThreads) {
         const int t = i / n, u = i - t * n;
         const row_unit &U = units[u];
         uint4 v;
         if (U.flags & RU_RUN) {
           v = *reinterpret_cast<const uint4 *>(pg + U.off[0] + t * U.tstride);
-          if (U.flags & RU_CANON)
-            v = make_uint4(mla::bf16x2_canon_nan(v.x), mla::bf16x2_canon_nan(v.y), mla::bf16x2_canon_nan(v.z), mla::bf16x2_canon_nan(v.w));
+          if (U.flags & RU_CANON) v = mla::bf16x8_canon_nan(v);
         } else {
           const int o = t * U.tstride;
           v = make_uint4(*reinterpret_cast<const uint32_t *>(pg + U.off[0] + o), *reinterpret_cast<const uint32_t *>(pg + U.off[1] + o),
@@ -559,30 +549,27 @@ __global__ void __launch_bounds__(kRqThreads) page_requant_kernel(const __grid_c
                               (Fd::pc == 0 || Fd::pc % 16 == 0) && (Fs::byte_off + 8 * dj) % 16 == 0 &&
                               (Fs::pc == 0 || Fs::pc % 16 == 0) && LS::host.region_row_bytes[Fs::region] % 16 == 0;
         constexpr int U = PAIR ? 2 : 1, UB = U * Fd::cb, NU = Fd::nch / U;
-        for (int i = threadIdx.x; i < BS * NU; i += kRqThreads) {
+        for (int i = threadIdx.x; i < BS * NU; i += kThreads) {
           int t, ju;
           unit_order<BS, Fd::pc, UB>::at(i, NU, t, ju);
           unsigned char *d = const_cast<unsigned char *>(chunk_addr<Fd>(dp, t, dv.token_stride, U * ju));
           const unsigned char *src = staged_chunk<Fs, LS>(pg, t, U * ju + dj);
-          if constexpr (Fd::dtype == MLA_BF16) { // unscaled bf16: NaNs become the canonical 0x7fff, as in every requant
-            const uint4 v = *reinterpret_cast<const uint4 *>(src);
-            *reinterpret_cast<uint4 *>(d) = make_uint4(mla::bf16x2_canon_nan(v.x), mla::bf16x2_canon_nan(v.y),
-                                                       mla::bf16x2_canon_nan(v.z), mla::bf16x2_canon_nan(v.w));
-          } else {
-            move_unit<UB>(d, src);
-          }
+          if constexpr (Fd::dtype == MLA_BF16) // unscaled bf16: NaNs become the canonical 0x7fff, as in every requant
+            *reinterpret_cast<uint4 *>(d) = mla::bf16x8_canon_nan(*reinterpret_cast<const uint4 *>(src));
+          else
+            copy_chunk(UB, true, d, src);
         }
         if constexpr (Fd::skind == MLA_SCALE_GROUP) {
           constexpr int NG = Fd::count / Fd::f.group;
-          for (int i = threadIdx.x; i < BS * NG; i += kRqThreads) {
+          for (int i = threadIdx.x; i < BS * NG; i += kThreads) {
             int t, gi;
             unit_order<BS, Fd::spc, Fd::ss>::at(i, NG, t, gi);
             const int j = gi * Fd::gch; // the group's first chunk
-            move_unit<Fd::ss>(const_cast<unsigned char *>(scale_addr<Fd>(dp, t, dv.token_stride, j)), staged_scale<Fs, LS>(pg, t, j + dj));
+            copy_chunk(Fd::ss, true, const_cast<unsigned char *>(scale_addr<Fd>(dp, t, dv.token_stride, j)), staged_scale<Fs, LS>(pg, t, j + dj));
           }
         }
       } else { // padding, in whole rows (pads_whole)
-        for (int i = threadIdx.x; i < BS * Fd::count; i += kRqThreads) {
+        for (int i = threadIdx.x; i < BS * Fd::count; i += kThreads) {
           const int t = i / Fd::count;
           const_cast<unsigned char *>(chunk_addr<Fd>(dp, t, dv.token_stride, 0))[i - t * Fd::count] = 0;
         }
@@ -625,12 +612,9 @@ bool spec_requant(const mla_kv_cache *src, const mla_kv_cache *dst, int64_t ntok
         constexpr int smem = (int)st_off(LS::host, LS::host.nregions) + (rt.ok ? rt.n * (int)sizeof(row_unit) : 0);
         if (smem > 48 * 1024) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
-        int dev = 0, sms = 0, per_sm = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, kRqThreads, smem);
-        const int64_t pages = src->view.num_pages, most = (int64_t)(sms > 0 ? sms : 1) * (per_sm > 0 ? per_sm : 1) * 8;
-        k<<<(unsigned)(pages < most ? pages : most), kRqThreads, smem, s>>>(src->view, dst->view, rt);
+        const int64_t pages = src->view.num_pages; // eight waves of resident blocks, a page at a time
+        const int grid = (int)std::min(pages, (int64_t)grid_for(k, smem, pages) * 8);
+        k<<<grid, kThreads, smem, s>>>(src->view, dst->view, rt);
         ran = true;
       } else if constexpr (requant_ok<LS, LD>()) {
         constexpr int RR = 2;

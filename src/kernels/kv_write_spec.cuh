@@ -607,8 +607,7 @@ __global__ void __launch_bounds__(kSpecThreads, MB) write_spec_kernel(const __gr
           unsigned char *dst = row_at<L, reg>(row[reg], doff + sub * cb);
           const uint4 x = w[u][i];
           if constexpr (dt == MLA_BF16) {
-            *reinterpret_cast<uint4 *>(dst) = make_uint4(mla::bf16x2_canon_nan(x.x), mla::bf16x2_canon_nan(x.y),
-                                                         mla::bf16x2_canon_nan(x.z), mla::bf16x2_canon_nan(x.w));
+            *reinterpret_cast<uint4 *>(dst) = mla::bf16x8_canon_nan(x);
           } else if constexpr (fast_e2m1<L>(f)) {
             if constexpr (slot_cross<L>(i)) {
               const mla::divisor &v = idiv[slot_item<L>(i)];

@@ -239,6 +239,10 @@ __device__ __forceinline__ uint32_t bf16x2_canon_nan(uint32_t w) {
   const uint32_t nan = ((w & 0x7FFF7FFFu) + 0x007F007Fu) & 0x80008000u; /* bit 15 of each NaN half */
   return (w | (nan - (nan >> 15))) & ~nan;
 }
+/* Eight bf16 (a 16-byte chunk), likewise. */
+__device__ __forceinline__ uint4 bf16x8_canon_nan(uint4 v) {
+  return make_uint4(bf16x2_canon_nan(v.x), bf16x2_canon_nan(v.y), bf16x2_canon_nan(v.z), bf16x2_canon_nan(v.w));
+}
 
 /* x / s for fp32, bit for bit the IEEE quotient (__fdiv_rn) that the
  * reference computes, at a lower cost per element:
