@@ -495,9 +495,16 @@ __global__ void __launch_bounds__(kThreads) page_requant_kernel(const __grid_con
   constexpr int64_t STAGED = st_off(LS::host, LS::host.nregions);
   extern __shared__ __align__(16) unsigned char pg[];
   const uint32_t pg_addr = mla::smem_addr(pg);
-  row_unit *units = reinterpret_cast<row_unit *>(pg + STAGED); // ROWS: the recipes, read per unit
+  // ROWS: the recipes as arrays of fields (off k at [k n], tstride at [4 n], flags at [5 n]): lanes on
+  // consecutive units read consecutive words (as an array of 32-byte structs each field load met an 8-way
+  // bank conflict: bench/RESULTS.md, thirty-eighth session)
+  int *soa = reinterpret_cast<int *>(pg + STAGED);
   if constexpr (ROWS) {
-    for (int u = threadIdx.x; u < rt.n; u += kThreads) units[u] = rt.u[u];
+    for (int u = threadIdx.x; u < rt.n; u += kThreads) {
+#pragma unroll
+      for (int k = 0; k < 4; k++) soa[k * rt.n + u] = rt.u[u].off[k];
+      soa[4 * rt.n + u] = rt.u[u].tstride, soa[5 * rt.n + u] = rt.u[u].flags;
+    }
   }
   for (int64_t page = blockIdx.x; page < sv.num_pages; page += gridDim.x) {
     const unsigned char *sp = sv.base + page * sv.page_stride;
@@ -524,15 +531,14 @@ __global__ void __launch_bounds__(kThreads) page_requant_kernel(const __grid_con
       const int n = rt.n;
       for (int i = threadIdx.x; i < BS * n; i += kThreads) {
         const int t = i / n, u = i - t * n;
-        const row_unit &U = units[u];
+        const int flags = soa[5 * n + u], o = t * soa[4 * n + u], o0 = soa[u] + o;
         uint4 v;
-        if (U.flags & RU_RUN) {
-          v = *reinterpret_cast<const uint4 *>(pg + U.off[0] + t * U.tstride);
-          if (U.flags & RU_CANON) v = mla::bf16x8_canon_nan(v);
+        if (flags & RU_RUN) {
+          v = *reinterpret_cast<const uint4 *>(pg + o0);
+          if (flags & RU_CANON) v = mla::bf16x8_canon_nan(v);
         } else {
-          const int o = t * U.tstride;
-          v = make_uint4(*reinterpret_cast<const uint32_t *>(pg + U.off[0] + o), *reinterpret_cast<const uint32_t *>(pg + U.off[1] + o),
-                         *reinterpret_cast<const uint32_t *>(pg + U.off[2] + o), *reinterpret_cast<const uint32_t *>(pg + U.off[3] + o));
+          v = make_uint4(*reinterpret_cast<const uint32_t *>(pg + o0), *reinterpret_cast<const uint32_t *>(pg + soa[n + u] + o),
+                         *reinterpret_cast<const uint32_t *>(pg + soa[2 * n + u] + o), *reinterpret_cast<const uint32_t *>(pg + soa[3 * n + u] + o));
         }
         *reinterpret_cast<uint4 *>(dp + RO + (int64_t)t * dv.token_stride + 16 * u) = v;
       }
@@ -609,7 +615,7 @@ bool spec_requant(const mla_kv_cache *src, const mla_kv_cache *dst, int64_t ntok
       if constexpr (page_requant_ok<LS, LD>()) {
         constexpr row_table rt = kRowTable<LS, LD>;
         auto k = page_requant_kernel<LS, LD, rt.ok>;
-        constexpr int smem = (int)st_off(LS::host, LS::host.nregions) + (rt.ok ? rt.n * (int)sizeof(row_unit) : 0);
+        constexpr int smem = (int)st_off(LS::host, LS::host.nregions) + (rt.ok ? 6 * rt.n * (int)sizeof(int) : 0);
         if (smem > 48 * 1024) cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         cudaFuncSetAttribute(k, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
         const int64_t pages = src->view.num_pages; // eight waves of resident blocks, a page at a time
