@@ -493,6 +493,7 @@ __global__ void __launch_bounds__(kThreads) page_requant_kernel(const __grid_con
                                                                    const __grid_constant__ row_table rt) {
   constexpr int BS = LS::host.block_size;
   constexpr int64_t STAGED = st_off(LS::host, LS::host.nregions);
+  static_assert(STAGED % 16 == 0, "the staged page is 16-byte granular (cp.async), so the recipes after it are aligned");
   extern __shared__ __align__(16) unsigned char pg[];
   const uint32_t pg_addr = mla::smem_addr(pg);
   // ROWS: the recipes as arrays of fields (off k at [k n], tstride at [4 n], flags at [5 n]): lanes on
