@@ -1040,3 +1040,65 @@ describe("attention baked wgmma kernel (64-row tiles)", function()
     end
   end)
 end)
+
+-- Under the causal mask a CTA's chunk of rows can hold several queries (h_q not a multiple of the rows
+-- per CTA). Keys masked for one row of a chunk but not another used to pass a NaN in their values to
+-- the masked row through the shared P V (0 x NaN); now the chunk attends its first query's keys and
+-- the causal tail kernel the rest. A NaN in a request's last key (seen by its last query only) or
+-- next-to-last (s_q 3: the last two) must reach exactly the rows that see it.
+describe("attention causal tail", function()
+  S.on_device("cuda", before_each, after_each)
+
+  local SHAPES = { { 2, 8 }, { 3, 8 }, { 2, 16 }, { 2, 64 } } -- s_q, h_q
+  local MODES = { true, "slice", "wide", false }
+
+  it("a NaN in the last keys reaches only the queries that see them, on every kernel; splits 1 and 3 #gpu", function()
+    local tails, n = 0, 0
+    for k, name in ipairs { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_v4" } do
+      for j, sh in ipairs(SHAPES) do
+        local s_q, h_q = sh[1], sh[2]
+        mla.manual_seed(1100 + 10 * k + j)
+        local case = C.dense { layout = name, b = 3, s_q = s_q, h_q = h_q, lens = { 700, 2, 129 }, tensor_scale = 0.5 }
+        -- query i sees positions up to 700 - s_q + i: the NaN at 701 - s_q reaches queries 1 .. s_q - 1
+        nan_key(case, slot_of(case, 0, 701 - s_q))
+        local _, rl = ref(case)
+        for i = 0, s_q - 1 do
+          local v = rl:get({ 0, 0, i })
+          assert.equal(i >= 1, v ~= v, string.format("%s s_q %d: the reference's query %d", name, s_q, i))
+        end
+        for _, spec in ipairs(MODES) do
+          for _, splits in ipairs { 1, 3 } do
+            local out, lse, plan = run(case, "baked", { specialize = spec, splits = splits })
+            local ok, err = pcall(against_ref, case, {}, out, lse, DENSE_OUT)
+            if not ok then
+              error(string.format("%s s_q %d h_q %d, specialize = %s, splits %d (kernel %s, %d rows a CTA):\n%s", name,
+                s_q, h_q, tostring(spec), splits, plan.variant, plan.rows_per_cta, tostring(err)), 0)
+            end
+            assert.equal(h_q % plan.rows_per_cta ~= 0, plan.causal_tail)
+            if plan.causal_tail then tails = tails + 1 end
+            n = n + 1
+          end
+        end
+        local out, lse = run(case, "jit")
+        against_ref(case, {}, out, lse, DENSE_OUT)
+      end
+    end
+    assert.equal(4 * #SHAPES * #MODES * 2, n)
+    assert.is_true(tails >= 40, "the tail ran in " .. tails .. " launches")
+  end)
+
+  it("no tail without the causal mask, for one query, or for sparse decode #gpu", function()
+    mla.manual_seed(1190)
+    local case = C.dense { layout = "fp8_ds_mla", b = 2, s_q = 2, h_q = 8, lens = { 300, 40 } }
+    local out, lse, plan = run(case, "baked", { causal = false })
+    against_ref(case, { causal = false }, out, lse, DENSE_OUT)
+    assert.is_false(plan.causal_tail)
+    case = C.dense { layout = "fp8_ds_mla", b = 2, s_q = 1, h_q = 8, lens = { 300, 40 } }
+    out, lse, plan = run(case, "baked")
+    assert.is_false(plan.causal_tail)
+    local sp = C.sparse { layout = "fp8_v4", b = 2, s_q = 2, h_q = 8, topk = 64, pool = 300 }
+    out, lse, plan = run(sp, "baked")
+    against_ref(sp, {}, out, lse, SPARSE_OUT)
+    assert.is_false(plan.causal_tail)
+  end)
+end)

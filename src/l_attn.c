@@ -253,6 +253,7 @@ static int l_attn_decode(lua_State *L) {
   set_int(L, "splits", plan.splits), set_int(L, "rows_per_cta", plan.rows_per_cta), set_int(L, "ctas", plan.ctas);
   set_int(L, "stages", plan.stages), set_int(L, "tile_keys", plan.tile_keys), set_int(L, "ctas_per_sm", plan.ctas_per_sm), set_int(L, "smem", plan.smem);
   lua_pushboolean(L, plan.identity), lua_setfield(L, -2, "identity");
+  lua_pushboolean(L, plan.causal_tail), lua_setfield(L, -2, "causal_tail");
   lua_pushstring(L, plan.variant ? plan.variant : "generic"), lua_setfield(L, -2, "variant");
   return 1;
 }

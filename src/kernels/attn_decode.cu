@@ -1,7 +1,8 @@
 // Launcher of the baked decode kernels: picks the rows per CTA, the staging
 // (plain bf16 rows or raw bytes + dequant), the pipeline depth from shared
 // memory, the split count from the SM count and the batch; runs the split
-// kernel and, with several splits, the combine.
+// kernel, the causal tail where chunks straddle queries, and, with several
+// partials, the combine.
 #include "attn_decode.h"
 
 #include <string.h>
@@ -281,12 +282,16 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
                       : mla_attn_num_splits(fam, props.sm_count, ctas_per_sm, ctas, max_tiles,
                                             mla_attn_split_align(p.sparse, d->block_size, tile));
   if (ns > 65535) ns = 65535;
-  p.nsplits = ns;
+  p.nsplits = ns, p.mr = mr;
+  // chunks that straddle queries under the causal mask (rows are query-major,
+  // heads inner): their later queries' last keys go to the causal tail
+  p.causal_tail = !p.sparse && p.causal && p.s_q > 1 && p.h_q % mr != 0;
+  p.nparts = ns + p.causal_tail;
 
   void *ws = NULL;
   int64_t ws_bytes = 0;
-  if (ns > 1) {
-    const int64_t partial_rows = problems * ns * rows;
+  if (p.nparts > 1) {
+    const int64_t partial_rows = problems * p.nparts * rows;
     ws_bytes = partial_rows * DV * 4 + round16(partial_rows * 4);
     if (mla_device_alloc(dev, ws_bytes, &ws)) return -1;
     p.o_acc = (float *)ws;
@@ -301,9 +306,13 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   cudaError_t e = cudaLaunchKernel(fn, grid, dim3(nt), args, (size_t)smem, stream);
   int rc = e != cudaSuccess ? mla_cuda_check(e, "launch of kernel attn_decode") : mla_launch_check(dev, "attn_decode");
   last_variant = variant;
-  if (!rc && ns > 1) {
+  if (!rc && p.causal_tail) {
+    e = launch_causal_tail(p, stream);
+    rc = e != cudaSuccess ? mla_cuda_check(e, "launch of kernel attn_causal_tail") : mla_launch_check(dev, "attn_causal_tail");
+  }
+  if (!rc && p.nparts > 1) {
     combine_params c;
-    c.o_acc = p.o_acc, c.lse_acc = p.lse_acc, c.nsplits = ns, c.rows = (int)rows, c.problems = (int)problems;
+    c.o_acc = p.o_acc, c.lse_acc = p.lse_acc, c.nsplits = p.nparts, c.rows = (int)rows, c.problems = (int)problems;
     c.h_q = p.h_q, c.s_q = p.s_q, c.sparse = p.sparse, c.sink = a->sink, c.out = (uint16_t *)out, c.lse = lse;
     e = launch_combine(c, stream);
     rc = e != cudaSuccess ? mla_cuda_check(e, "launch of kernel attn_combine") : mla_launch_check(dev, "attn_combine");
@@ -312,7 +321,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   if (plan) {
     plan->splits = ns, plan->rows_per_cta = mr, plan->ctas = (int)(ctas * ns), plan->stages = nst;
     plan->ctas_per_sm = ctas_per_sm, plan->identity = p.identity, plan->smem = smem, plan->tile_keys = tile_keys;
-    plan->variant = variant;
+    plan->variant = variant, plan->causal_tail = p.causal_tail;
   }
   return rc;
 }

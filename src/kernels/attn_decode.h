@@ -24,6 +24,7 @@ typedef struct mla_attn_plan {
   int identity;      /* K rows copied as bf16 without a dequant pass */
   int64_t smem;      /* dynamic shared memory per CTA */
   const char *variant; /* "generic", "wgmma", "wgmma16rs", or the built-in layout whose V-slice kernel ran */
+  int causal_tail;   /* causal chunks straddle queries: the later queries' last keys ran in attn_causal_tail */
 } mla_attn_plan;
 
 /* 1 if the baked kernels handle this shape (d_qk 512 or 576, d_v 512),

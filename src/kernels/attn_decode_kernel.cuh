@@ -240,7 +240,7 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w, float s) {
 struct cta_work {
   int prob, split, row0, nrows, r, qi;
   int s_k;   // cache length (dense), 0 for sparse
-  int nkeys; // keys of the chunk: causal-trimmed for its last query (dense), valid top-k entries (sparse)
+  int nkeys; // keys of the chunk: causal-trimmed for its last query, or first with the tail (dense); valid top-k entries (sparse)
   int t_begin, t_end;
   int64_t part; // first partial row of this split
 };
@@ -254,9 +254,9 @@ template <int MR, int TB = BN> __device__ __forceinline__ cta_work cta_work_of(c
   if (!p.sparse) {
     w.s_k = max(0, __ldg(p.cache_lens + w.r));
     w.nkeys = w.s_k;
-    if (p.causal && p.s_q > 1) { // the chunk's last query sees the most keys
-      const int i_max = (w.row0 + w.nrows - 1) / p.h_q;
-      w.nkeys = max(0, min(w.s_k, w.s_k - p.s_q + i_max + 1));
+    if (p.causal && p.s_q > 1) { // the chunk's last query sees the most keys; with the tail, its first query's
+      const int i_lim = (p.causal_tail ? w.row0 : w.row0 + w.nrows - 1) / p.h_q;
+      w.nkeys = max(0, min(w.s_k, w.s_k - p.s_q + i_lim + 1));
     }
   } else {
     w.nkeys = p.topk_len ? min(max(__ldg(p.topk_len + w.r), 0), p.topk) : p.topk;
@@ -265,14 +265,14 @@ template <int MR, int TB = BN> __device__ __forceinline__ cta_work cta_work_of(c
   const int al = mla_attn_split_align(p.sparse, p.d.block_size, TB);
   const int ntiles = (w.nkeys + TB - 1) / TB, per = MLA_ATTN_SPLIT_TILES(ntiles, p.nsplits, al);
   w.t_begin = min(w.split * per, ntiles), w.t_end = min(w.t_begin + per, ntiles);
-  w.part = ((int64_t)w.prob * p.nsplits + w.split) * p.rows;
+  w.part = ((int64_t)w.prob * p.nparts + w.split) * p.rows;
   return w;
 }
 
 // Output dims [4c, 4c + 4) of the chunk's row `row`, v times f: the split's
 // f32 partial, or the final bf16 row when there is one split.
 __device__ __forceinline__ void store_out4(const params &p, const cta_work &w, int row, int c, float4 v, float f) {
-  if (p.nsplits > 1)
+  if (p.nparts > 1)
     reinterpret_cast<float4 *>(p.o_acc + (w.part + w.row0 + row) * DV)[c] = make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
   else
     reinterpret_cast<uint2 *>(p.out + ((int64_t)w.prob * p.rows + w.row0 + row) * DV)[c] =
@@ -283,13 +283,13 @@ __device__ __forceinline__ void store_out4(const params &p, const cta_work &w, i
 template <int NT> __device__ __forceinline__ void write_empty_split(const params &p, const cta_work &w, int tid) {
   for (int idx = tid; idx < w.nrows * (DV / 4); idx += NT) {
     const int row = idx / (DV / 4), c = idx - row * (DV / 4);
-    if (p.nsplits > 1) reinterpret_cast<float4 *>(p.o_acc + (w.part + w.row0 + row) * DV)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (p.nparts > 1) reinterpret_cast<float4 *>(p.o_acc + (w.part + w.row0 + row) * DV)[c] = make_float4(0.f, 0.f, 0.f, 0.f);
     else reinterpret_cast<uint2 *>(p.out + ((int64_t)w.prob * p.rows + w.row0 + row) * DV)[c] = make_uint2(0, 0);
   }
   for (int row = tid; row < w.nrows; row += NT) {
     int i, h;
     row_coords(p, w.qi, w.row0 + row, i, h);
-    if (p.nsplits > 1) p.lse_acc[w.part + w.row0 + row] = -CUDART_INF_F;
+    if (p.nparts > 1) p.lse_acc[w.part + w.row0 + row] = -CUDART_INF_F;
     else p.lse[((int64_t)w.r * p.h_q + h) * p.s_q + i] = CUDART_INF_F;
   }
 }
@@ -305,7 +305,7 @@ __device__ __forceinline__ void write_lse(const params &p, const cta_work &w, co
     const float lse2 = l != 0.f ? m[row] + log2f(l) : -CUDART_INF_F;
     int i, h;
     row_coords(p, w.qi, w.row0 + row, i, h);
-    if (p.nsplits > 1) p.lse_acc[w.part + w.row0 + row] = lse2;
+    if (p.nparts > 1) p.lse_acc[w.part + w.row0 + row] = lse2;
     else p.lse[((int64_t)w.r * p.h_q + h) * p.s_q + i] = l != 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
   }
 }
@@ -661,7 +661,7 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
       float f = l != 0.f ? 1.0f / l : 0.f; // NaN stays NaN (write_lse)
       int i, h;
       row_coords(p, qi, row0 + row, i, h);
-      if (p.nsplits == 1 && p.sink && l != 0.f) {
+      if (p.nparts == 1 && p.sink && l != 0.f) {
         const float lse_nat = (m_fin[row] + log2f(l)) * 0.69314718055994531f;
         f *= 1.0f / (1.0f + expf(__ldg(p.sink + h) - lse_nat));
       }
@@ -669,7 +669,7 @@ __global__ void __launch_bounds__(shape<MR>::NT, MR == 64 ? 1 : 2) attn_decode_k
       for (int nt = 0; nt < S::NTV; nt++) {
         const int col = warp * S::DVW + nt * 8 + 2 * t4;
         const float x0 = o[mt][nt][2 * hh] * f, x1 = o[mt][nt][2 * hh + 1] * f;
-        if (p.nsplits > 1) *reinterpret_cast<float2 *>(p.o_acc + (part + row0 + row) * DV + col) = make_float2(x0, x1);
+        if (p.nparts > 1) *reinterpret_cast<float2 *>(p.o_acc + (part + row0 + row) * DV + col) = make_float2(x0, x1);
         else *reinterpret_cast<uint32_t *>(p.out + ((int64_t)prob * p.rows + row0 + row) * DV + col) =
                  (uint32_t)to_bf16_bits(x0) | (uint32_t)to_bf16_bits(x1) << 16;
       }

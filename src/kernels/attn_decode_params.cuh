@@ -30,7 +30,15 @@ struct params {
   const int *topk_len;
   const float *sink;
   float scale_log2; // softmax scale x log2(e): scores live in base 2
-  int nsplits;
+  int nsplits;      // KV splits of the main kernel
+  int nparts;       // partial slots a problem: nsplits, plus the causal tail's; 1: the kernel writes out and lse
+  int mr;           // query rows a CTA (its chunk)
+  // Causal mask with chunks that hold several queries: each chunk attends
+  // only the keys its first query sees, so no key is masked for one row and
+  // not another (masked keys' V would meet a 0 weight in the shared P V, and
+  // 0 x NaN is NaN); the causal tail kernel (attn_causal_tail.cu) attends
+  // the later queries' remaining keys into partial slot nparts - 1.
+  int causal_tail;
   int identity;     // one bf16 field holds dims [0, d_qk): copy rows straight into the tile
   int id_off;       // byte offset of dim 0 in the region-0 row (identity)
   int stage_pitch;  // bytes per token of a staged tile (every region's row, 16 B aligned)
@@ -43,8 +51,8 @@ struct params {
   int q_vec;        // q rows can be read 16 B at a time
   uint16_t *out;    // bf16 [problems * rows, DV] (= [b, s_q, h_q, DV])
   float *lse;       // [b, h_q, s_q]
-  float *o_acc;     // split partials [problems, nsplits, rows, DV], normalized
-  float *lse_acc;   // [problems, nsplits, rows], base 2, -inf when empty
+  float *o_acc;     // split partials [problems, nparts, rows, DV], normalized
+  float *lse_acc;   // [problems, nparts, rows], base 2, -inf when empty
 };
 
 struct combine_params {
@@ -57,6 +65,11 @@ struct combine_params {
 
 // LSE-weighted merge of the split partials (attn_combine.cu).
 cudaError_t launch_combine(const combine_params &c, cudaStream_t s);
+
+// The causal tail (attn_causal_tail.cu): for each dense row whose query comes
+// after its chunk's first, the keys only it (and later queries) see, into
+// partial slot p.nparts - 1 of every row (empty where there are none).
+cudaError_t launch_causal_tail(const params &p, cudaStream_t s);
 
 // Byte offsets of the shared-memory buffers of one CTA.
 struct smem_plan {

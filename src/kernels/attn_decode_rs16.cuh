@@ -486,12 +486,12 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_rs16_kernel(const __grid_co
     float f = lt != 0.f && lrt != 0.f ? 1.0f / lrt : 0.f;
     int i = 0, h = 0;
     if (row < w.nrows) row_coords(p, qi, w.row0 + row, i, h);
-    if (p.nsplits == 1 && p.sink && lt != 0.f && row < w.nrows)
+    if (p.nparts == 1 && p.sink && lt != 0.f && row < w.nrows)
       f *= 1.0f / (1.0f + expf(__ldg(p.sink + h) - lse2 * 0.69314718055994531f));
     // O in units of 2^eref and of the tensor scale
     fin_s[row] = f * (HAS_E ? pow2i(eref) : 1.0f) * (CO::tensor ? tscale : 1.0f);
     if (row < w.nrows) {
-      if (p.nsplits > 1) p.lse_acc[w.part + w.row0 + row] = lse2;
+      if (p.nparts > 1) p.lse_acc[w.part + w.row0 + row] = lse2;
       else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = lt != 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
     }
   }

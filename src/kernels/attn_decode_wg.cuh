@@ -386,11 +386,11 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
       float f = l != 0.f && lr != 0.f ? 1.0f / lr : 0.f;
       int i = 0, h = 0;
       if (row < w.nrows) row_coords(p, qi, w.row0 + row, i, h);
-      if (p.nsplits == 1 && p.sink && l != 0.f && row < w.nrows)
+      if (p.nparts == 1 && p.sink && l != 0.f && row < w.nrows)
         f *= 1.0f / (1.0f + expf(__ldg(p.sink + h) - lse2 * 0.69314718055994531f));
       if (t4 == 0) fin_s[row] = f;
       if (t4 == 0 && row < w.nrows) {
-        if (p.nsplits > 1) p.lse_acc[w.part + w.row0 + row] = lse2;
+        if (p.nparts > 1) p.lse_acc[w.part + w.row0 + row] = lse2;
         else p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = l != 0.f ? lse2 * 0.69314718055994531f : CUDART_INF_F;
       }
     }
@@ -607,7 +607,7 @@ __global__ void __launch_bounds__(NT, 1) attn_decode_wg_kernel(const __grid_cons
   // pitches put each warp's stores in distinct banks.
   constexpr int PASS = MR / 2;
   static_assert(PASS * (DV * 4 + 32) <= NKB * TILE, "the output staging fits the K buffers");
-  const bool split = p.nsplits > 1;
+  const bool split = p.nparts > 1;
   const int esz = split ? 4 : 2, pitch = DV * esz + (split ? 32 : 16), chunks = DV * esz / 16;
   // the CTA's rows are consecutive in out and in the partials
   unsigned char *dst = split ? reinterpret_cast<unsigned char *>(p.o_acc + (w.part + w.row0) * DV)

@@ -570,7 +570,7 @@ __global__ void __launch_bounds__(NT, 2) attn_decode_slice_kernel(const __grid_c
     const int row = tid;
     const float l = l_fin[row];
     float f = l != 0.f ? 1.0f / l : 0.f; // NaN stays NaN (write_lse)
-    if (p.nsplits == 1 && p.sink && l != 0.f && row < w.nrows) {
+    if (p.nparts == 1 && p.sink && l != 0.f && row < w.nrows) {
       int i, h;
       mla_attn::row_coords(p, w.qi, w.row0 + row, i, h);
       const float lse_nat = (m_fin[row] + log2f(l)) * 0.69314718055994531f;

@@ -1,0 +1,108 @@
+// The causal tail of dense decode (params::causal_tail): where a CTA's chunk
+// of rows holds several queries, the main kernels attend only the keys the
+// chunk's first query sees, and this kernel attends, for each later row, the
+// keys between those and its own causal limit: fewer than s_q, so it is
+// simple on purpose. One warp a row, 8-dim chunks of K dequantized in fp32
+// through the descriptor (mla::dequant8, as the JIT kernel), an online
+// softmax in base 2; the result goes to partial slot nparts - 1 (normalized
+// output, base-2 LSE, -inf and zeros when empty, NaN when a score is NaN)
+// for the combine to merge.
+#include <math_constants.h>
+
+#include "attn_decode_params.cuh"
+#include "mla/layout_access.cuh"
+
+namespace mla_attn {
+
+namespace {
+
+constexpr int LCH = (576 / 8 + 31) / 32; // chunks of K a lane holds (d_qk 576 or 512)
+
+__global__ void __launch_bounds__(128) attn_causal_tail_kernel(const __grid_constant__ params p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t gw = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+  if (gw >= (int64_t)p.b * p.rows) return;
+  const int r = (int)(gw / p.rows), rho = (int)(gw - (int64_t)r * p.rows);
+  const int i = rho / p.h_q, h = rho - i * p.h_q;
+  const int i0 = rho / p.mr * p.mr / p.h_q; // the chunk's first query: the main kernels attended its keys
+  const int s_k = max(0, __ldg(p.cache_lens + r));
+  const int lo = max(0, s_k - p.s_q + i0 + 1), hi = min(s_k, s_k - p.s_q + i + 1);
+  const int kch = p.d.k_dims / 8, vch = DV / 8;
+
+  float q[LCH][8];
+#pragma unroll
+  for (int k = 0; k < LCH; k++) {
+    const int c = lane + 32 * k;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      const uint16_t b = c < kch ? __ldg(p.q + (int64_t)r * p.qs0 + (int64_t)i * p.qs1 + (int64_t)h * p.qs2 +
+                                         (int64_t)(c * 8 + e) * p.qs3)
+                                 : 0;
+      q[k][e] = __uint_as_float((uint32_t)b << 16);
+    }
+  }
+  float m = -CUDART_INF_F, l = 0.f, acc[LCH][8];
+  bool nan = false;
+#pragma unroll
+  for (int k = 0; k < LCH; k++)
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[k][e] = 0.f;
+
+  for (int j = lo; j < hi; j++) {
+    const int blk = j / p.d.block_size;
+    if (blk >= p.max_blocks) continue;
+    const int pg = __ldg(p.block_table + (int64_t)r * p.max_blocks + blk);
+    if (pg < 0 || pg >= p.v.num_pages) continue; // a missing key, as in the main kernels
+    float kv[LCH][8];
+    float dot = 0.f;
+#pragma unroll
+    for (int k = 0; k < LCH; k++) {
+      const int c = lane + 32 * k;
+#pragma unroll
+      for (int e = 0; e < 8; e++) kv[k][e] = 0.f;
+      if (c < kch) {
+        mla::dequant8(p.d, p.v, pg, j - blk * p.d.block_size, c * 8, kv[k]);
+#pragma unroll
+        for (int e = 0; e < 8; e++) dot += q[k][e] * kv[k][e];
+      }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+    const float s = dot * p.scale_log2;
+    nan |= s != s;
+    const float m_new = fmaxf(m, s);
+    const float a = m == -CUDART_INF_F ? 0.f : exp2f(m - m_new), w = exp2f(s - m_new);
+    l = l * a + w, m = m_new;
+#pragma unroll
+    for (int k = 0; k < LCH; k++) {
+      const bool v = lane + 32 * k < vch;
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[k][e] = acc[k][e] * a + (v ? w * kv[k][e] : 0.f);
+    }
+  }
+  // empty only at l == 0; a NaN score makes the row NaN, as in the reference
+  const float f = nan ? CUDART_NAN_F : l != 0.f ? 1.0f / l : 0.f;
+  const float lse2 = nan ? CUDART_NAN_F : l != 0.f ? m + log2f(l) : -CUDART_INF_F;
+  const int64_t slot = ((int64_t)r * p.nparts + p.nparts - 1) * p.rows + rho;
+  float *o = p.o_acc + slot * DV;
+#pragma unroll
+  for (int k = 0; k < LCH; k++) {
+    const int c = lane + 32 * k;
+    if (c < vch) {
+      float4 *dst = reinterpret_cast<float4 *>(o + c * 8);
+      dst[0] = make_float4(acc[k][0] * f, acc[k][1] * f, acc[k][2] * f, acc[k][3] * f);
+      dst[1] = make_float4(acc[k][4] * f, acc[k][5] * f, acc[k][6] * f, acc[k][7] * f);
+    }
+  }
+  if (lane == 0) p.lse_acc[slot] = lse2;
+}
+
+} // namespace
+
+cudaError_t launch_causal_tail(const params &p, cudaStream_t s) {
+  const int64_t warps = (int64_t)p.b * p.rows;
+  attn_causal_tail_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
+} // namespace mla_attn
