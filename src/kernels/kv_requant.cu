@@ -423,7 +423,6 @@ struct row_unit {
   int off[4];  // staged offset of word k for token 0
   int tstride; // staged bytes between tokens
   int flags;   // RU_RUN: words k at off[0] + 4k, 16-byte aligned; RU_CANON: bf16 words
-  int pad[2];
 };
 struct row_table {
   row_unit u[kRowUnits];
