@@ -4,13 +4,16 @@
 // keys between those and its own causal limit: fewer than s_q, so it is
 // simple on purpose. One warp a row, 8-dim chunks of K dequantized in fp32
 // through the descriptor (mla::dequant8, as the JIT kernel), an online
-// softmax in base 2; the result goes to partial slot nparts - 1 (normalized
-// output, base-2 LSE, -inf and zeros when empty, NaN when a score is NaN)
-// for the combine to merge.
+// softmax in base 2. With one KV split the kernel merges its result with the
+// main kernel's partial itself and writes the output and lse (one launch
+// fewer than the combine); with several it goes to partial slot nparts - 1
+// (normalized output, base-2 LSE, -inf and zeros when empty, NaN when a score
+// is NaN) for the combine to merge.
 #include <math_constants.h>
 
 #include "attn_decode_params.cuh"
 #include "mla/layout_access.cuh"
+#include "mla/mma.cuh"
 
 namespace mla_attn {
 
@@ -29,13 +32,13 @@ __global__ void __launch_bounds__(128) attn_causal_tail_kernel(const __grid_cons
   const int lo = max(0, s_k - p.s_q + i0 + 1), hi = min(s_k, s_k - p.s_q + i + 1);
   const int kch = p.d.k_dims / 8, vch = DV / 8;
 
-  float q[LCH][8];
+  float q[LCH][8]; // read only where the row has tail keys (half the rows of s_q 2 have none)
 #pragma unroll
   for (int k = 0; k < LCH; k++) {
     const int c = lane + 32 * k;
 #pragma unroll
     for (int e = 0; e < 8; e++) {
-      const uint16_t b = c < kch ? __ldg(p.q + (int64_t)r * p.qs0 + (int64_t)i * p.qs1 + (int64_t)h * p.qs2 +
+      const uint16_t b = c < kch && lo < hi ? __ldg(p.q + (int64_t)r * p.qs0 + (int64_t)i * p.qs1 + (int64_t)h * p.qs2 +
                                          (int64_t)(c * 8 + e) * p.qs3)
                                  : 0;
       q[k][e] = __uint_as_float((uint32_t)b << 16);
@@ -84,17 +87,56 @@ __global__ void __launch_bounds__(128) attn_causal_tail_kernel(const __grid_cons
   const float f = nan ? CUDART_NAN_F : l != 0.f ? 1.0f / l : 0.f;
   const float lse2 = nan ? CUDART_NAN_F : l != 0.f ? m + log2f(l) : -CUDART_INF_F;
   const int64_t slot = ((int64_t)r * p.nparts + p.nparts - 1) * p.rows + rho;
-  float *o = p.o_acc + slot * DV;
+#pragma unroll
+  for (int k = 0; k < LCH; k++)
+#pragma unroll
+    for (int e = 0; e < 8; e++) acc[k][e] *= f;
+  if (p.nsplits > 1) { // the combine merges the partials
+    float *o = p.o_acc + slot * DV;
+#pragma unroll
+    for (int k = 0; k < LCH; k++) {
+      const int c = lane + 32 * k;
+      if (c < vch) {
+        float4 *dst = reinterpret_cast<float4 *>(o + c * 8);
+        dst[0] = make_float4(acc[k][0], acc[k][1], acc[k][2], acc[k][3]);
+        dst[1] = make_float4(acc[k][4], acc[k][5], acc[k][6], acc[k][7]);
+      }
+    }
+    if (lane == 0) p.lse_acc[slot] = lse2;
+    return;
+  }
+  // one split: merge with the main kernel's partial (slot 0) as the combine would, then the sink
+  const int64_t slot0 = (int64_t)r * p.nparts * p.rows + rho;
+  const float lse_a = __ldg(p.lse_acc + slot0), mx = fmaxf(lse_a, lse2);
+  float wa = 0.f, wb = 0.f, lse_nat = CUDART_INF_F;
+  if (lse_a != lse_a || lse2 != lse2) wa = wb = lse_nat = CUDART_NAN_F;
+  else if (mx != -CUDART_INF_F) {
+    const float lse_m = mx + log2f(exp2f(lse_a - mx) + exp2f(lse2 - mx));
+    wa = exp2f(lse_a - lse_m), wb = exp2f(lse2 - lse_m), lse_nat = lse_m * 0.69314718055994531f;
+    if (p.sink) {
+      const float g = 1.0f / (1.0f + expf(__ldg(p.sink + h) - lse_nat));
+      wa *= g, wb *= g;
+    }
+  }
+  const float *oa = p.o_acc + slot0 * DV;
+  uint16_t *out = p.out + ((int64_t)r * p.rows + rho) * DV;
 #pragma unroll
   for (int k = 0; k < LCH; k++) {
     const int c = lane + 32 * k;
     if (c < vch) {
-      float4 *dst = reinterpret_cast<float4 *>(o + c * 8);
-      dst[0] = make_float4(acc[k][0] * f, acc[k][1] * f, acc[k][2] * f, acc[k][3] * f);
-      dst[1] = make_float4(acc[k][4] * f, acc[k][5] * f, acc[k][6] * f, acc[k][7] * f);
+      float4 a0 = make_float4(0.f, 0.f, 0.f, 0.f), a1 = a0;
+      if (wa != 0.f) a0 = __ldg(reinterpret_cast<const float4 *>(oa + c * 8)), a1 = __ldg(reinterpret_cast<const float4 *>(oa + c * 8) + 1);
+      const float x[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+      uint32_t w4[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float v0 = wa * x[2 * e] + wb * acc[k][2 * e], v1 = wa * x[2 * e + 1] + wb * acc[k][2 * e + 1];
+        w4[e] = mla::pack_bf16x2(v0, v1);
+      }
+      *reinterpret_cast<uint4 *>(out + c * 8) = make_uint4(w4[0], w4[1], w4[2], w4[3]);
     }
   }
-  if (lane == 0) p.lse_acc[slot] = lse2;
+  if (lane == 0) p.lse[((int64_t)r * p.h_q + h) * p.s_q + i] = lse_nat;
 }
 
 } // namespace

@@ -2,7 +2,7 @@
 // (plain bf16 rows or raw bytes + dequant), the pipeline depth from shared
 // memory, the split count from the SM count and the batch; runs the split
 // kernel, the causal tail where chunks straddle queries, and, with several
-// partials, the combine.
+// splits, the combine.
 #include "attn_decode.h"
 
 #include <string.h>
@@ -310,7 +310,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
     e = launch_causal_tail(p, stream);
     rc = e != cudaSuccess ? mla_cuda_check(e, "launch of kernel attn_causal_tail") : mla_launch_check(dev, "attn_causal_tail");
   }
-  if (!rc && p.nparts > 1) {
+  if (!rc && ns > 1) { // (one split and the tail: the tail kernel merged the two)
     combine_params c;
     c.o_acc = p.o_acc, c.lse_acc = p.lse_acc, c.nsplits = p.nparts, c.rows = (int)rows, c.problems = (int)problems;
     c.h_q = p.h_q, c.s_q = p.s_q, c.sparse = p.sparse, c.sink = a->sink, c.out = (uint16_t *)out, c.lse = lse;

@@ -68,7 +68,8 @@ cudaError_t launch_combine(const combine_params &c, cudaStream_t s);
 
 // The causal tail (attn_causal_tail.cu): for each dense row whose query comes
 // after its chunk's first, the keys only it (and later queries) see, into
-// partial slot p.nparts - 1 of every row (empty where there are none).
+// partial slot p.nparts - 1 of every row (empty where there are none), or,
+// with one split, merged with slot 0 into out and lse.
 cudaError_t launch_causal_tail(const params &p, cudaStream_t s);
 
 // Byte offsets of the shared-memory buffers of one CTA.
