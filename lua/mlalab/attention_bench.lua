@@ -128,7 +128,8 @@ function M.row(r)
   local pl = r.plan or {}
   local cells = { r.name, r.point.impl or "baked", mla.bench_mod.fmt_time(r.median), pct(r.noise),
     r.gbs and string.format("%.0f", r.gbs) or "-", pct(r.memcpy_frac), r.tflops and string.format("%.1f", r.tflops) or "-",
-    pct(r.gemm_frac), r.clock_mhz and string.format("%.0f", r.clock_mhz) or "-", pl.splits or "-", pl.rows_per_cta or "-", pl.stages or "-", pl.variant or "-", table.concat(r.flags or {}, ",") }
+    pct(r.gemm_frac), r.clock_mhz and string.format("%.0f", r.clock_mhz) or "-", pl.splits or "-", pl.rows_per_cta or "-", pl.stages or "-",
+    pl.variant and pl.variant .. (pl.causal_tail and "+tail" or "") or "-", table.concat(r.flags or {}, ",") }
   local t = {}
   for i, c in ipairs(COLS) do t[#t + 1] = pad(cells[i], c[2]) end
   return table.concat(t, " ")
