@@ -4,7 +4,8 @@
 // keys between those and its own causal limit: fewer than s_q, so it is
 // simple on purpose. One warp a row, 8-dim chunks of K dequantized in fp32
 // through the descriptor (mla::dequant8, as the JIT kernel), an online
-// softmax in base 2. With one KV split the kernel merges its result with the
+// softmax in base 2, launched as a programmatic dependent of the main kernel
+// so that this part runs while its last CTAs finish. With one KV split the kernel merges its result with the
 // main kernel's partial itself and writes the output and lse (one launch
 // fewer than the combine); with several it goes to partial slot nparts - 1
 // (normalized output, base-2 LSE, -inf and zeros when empty, NaN when a score
@@ -84,6 +85,7 @@ __global__ void __launch_bounds__(128) attn_causal_tail_kernel(const __grid_cons
     }
   }
   // empty only at l == 0; a NaN score makes the row NaN, as in the reference
+  pdl_wait_primary(); // the main kernel's grid is done and its partials visible; nothing is written before
   const float f = nan ? CUDART_NAN_F : l != 0.f ? 1.0f / l : 0.f;
   const float lse2 = nan ? CUDART_NAN_F : l != 0.f ? m + log2f(l) : -CUDART_INF_F;
   const int64_t slot = ((int64_t)r * p.nparts + p.nparts - 1) * p.rows + rho;
@@ -141,10 +143,16 @@ __global__ void __launch_bounds__(128) attn_causal_tail_kernel(const __grid_cons
 
 } // namespace
 
+// Launched as a programmatic dependent of the main kernel (pdl_wait_primary).
 cudaError_t launch_causal_tail(const params &p, cudaStream_t s) {
   const int64_t warps = (int64_t)p.b * p.rows;
-  attn_causal_tail_kernel<<<(unsigned)((warps + 3) / 4), 128, 0, s>>>(p);
-  return cudaGetLastError();
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)((warps + 3) / 4)), cfg.blockDim = dim3(128), cfg.dynamicSmemBytes = 0, cfg.stream = s;
+  cfg.attrs = at, cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, attn_causal_tail_kernel, p);
 }
 
 } // namespace mla_attn

@@ -246,6 +246,7 @@ struct cta_work {
 };
 
 template <int MR, int TB = BN> __device__ __forceinline__ cta_work cta_work_of(const params &p) {
+  if (p.causal_tail) pdl_launch_dependents(); // every kernel calls this first: the tail may start
   cta_work w;
   w.prob = blockIdx.x / p.row_chunks, w.split = blockIdx.y, w.row0 = (blockIdx.x - w.prob * p.row_chunks) * MR;
   w.nrows = min(MR, p.rows - w.row0);

@@ -66,6 +66,23 @@ struct combine_params {
 // LSE-weighted merge of the split partials (attn_combine.cu).
 cudaError_t launch_combine(const combine_params &c, cudaStream_t s);
 
+// Programmatic dependent launch (sm_90+; no-ops elsewhere). The main decode
+// kernels allow their dependent to launch as each CTA begins (the trigger
+// completes once every CTA has begun, so no CTA of theirs still waits for an
+// SM); the causal tail, launched as that dependent, does its own keys while
+// the last CTAs finish and waits for the grid only before it reads their
+// partials.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait_primary() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 // The causal tail (attn_causal_tail.cu): for each dense row whose query comes
 // after its chunk's first, the keys only it (and later queries) see, into
 // partial slot p.nparts - 1 of every row (empty where there are none), or,
