@@ -400,6 +400,11 @@ describe("attention argument errors", function()
     err({ specialize = {} }, '"wide" (64-row tiles), got a table')
     err({ splits = 1.5 }, "splits must be an integer, got 1.5")
     err({ splits = "2" }, 'splits must be an integer, got "2"')
+    err({ causal_tail = "yes" }, 'causal_tail must be a boolean, got "yes"')
+    -- the core checks it too (no call can reach the kernels with it unchecked)
+    local a = mla.attention.prepare(C.args(case, { impl = "ref" }))
+    a.causal_tail = 1
+    S.assert_error_contains(function() mla.core.attn_decode_ref(a) end, "causal_tail must be a boolean, got number")
   end)
 
   it("asks for the per-tensor scale of an fp8_pertensor cache given as bare pages", function()
@@ -1087,7 +1092,21 @@ describe("attention causal tail", function()
       end
     end
     assert.equal(4 * #SHAPES * #MODES * 2, n)
-    assert.is_true(tails >= 40, "the tail ran in " .. tails .. " launches")
+    assert.equal(96, tails) -- every launch but s_q 2 x h_q 64's (rows a multiple of the CTA's 64)
+  end)
+
+  it("causal_tail = false shares the tiles' keys (no tail; finite data still match the reference) #gpu", function()
+    mla.manual_seed(1180)
+    for _, name in ipairs { "fp8_ds_mla", "bf16" } do
+      local case = C.dense { layout = name, b = 3, s_q = 2, h_q = 8, lens = { 700, 2, 129 } }
+      for _, splits in ipairs { 1, 3 } do
+        local out, lse, plan = run(case, "baked", { causal_tail = false, splits = splits })
+        assert.is_false(plan.causal_tail)
+        against_ref(case, {}, out, lse, DENSE_OUT)
+        local _, _, with = run(case, "baked", { splits = splits })
+        assert.is_true(with.causal_tail)
+      end
+    end
   end)
 
   it("no tail without the causal mask, for one query, or for sparse decode #gpu", function()

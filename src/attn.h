@@ -34,6 +34,10 @@ typedef struct mla_attn_args {
   int64_t max_blocks;
   const int32_t *cache_lens;
   int causal;
+  /* baked kernels: 1 skips the causal tail (params::causal_tail), as FlashMLA
+   * does: faster, but a NaN or inf in one of a request's last s_q - 1 keys may
+   * reach the outputs of its earlier queries, which do not see that key */
+  int shared_causal_tiles;
   /* sparse: indices [b, s_q, topk] contiguous int32, topk_len [b] or NULL */
   const int32_t *indices;
   int64_t topk;

@@ -5,7 +5,8 @@
  * cache_lens (+ causal) or indices (+ topk_len), sink?, scale, out, lse,
  * check (validate index values on the host), splits (baked, 0 = auto),
  * specialize (baked, default true; false forces the generic kernel, "slice" the V-slice kernel for 16-row tiles,
- * "wide" 64-row tiles whatever the row count).
+ * "wide" 64-row tiles whatever the row count), causal_tail (baked, default true; false: attn.h's
+ * shared_causal_tiles).
  *   core.attn_last_variant() -> "generic" | "wgmma" | "wgmma16rs" | built-in layout name (V-slice kernel) | "none"
  *   core.attn_num_splits(family, sm_count, ctas_per_sm, ctas, max_tiles, align?) -> the automatic split count
  * lua/mlalab/attention.lua allocates outputs and gives friendlier errors;
@@ -135,6 +136,10 @@ static void read_inputs(call *c, decode_in *in, mla_dtype out_dt) {
   in->tlen = field_tensor(c, "topk_len", 0, &i);
   lua_getfield(L, 1, "causal");
   a->causal = lua_toboolean(L, -1);
+  lua_getfield(L, 1, "causal_tail");
+  if (!lua_isnil(L, -1) && !lua_isboolean(L, -1))
+    lerrf(L, "%s: causal_tail must be a boolean, got %s", c->fn, luaL_typename(L, -1));
+  a->shared_causal_tiles = lua_isboolean(L, -1) && !lua_toboolean(L, -1);
   a->sparse = in->idx != NULL;
   if (a->sparse) {
     if (in->bt || in->lens) lerrf(L, "%s: pass indices (sparse) or block_table and cache_lens (dense), not both", c->fn);

@@ -25,7 +25,12 @@
 -- 16-row tiles, runs that layout's compile-time-specialized kernel: on
 -- Hopper the 16-row wgmma kernel, elsewhere the V-slice kernel; "slice"
 -- forces the V-slice kernel; "wide" runs 64-row tiles whatever the row
--- count; false forces the generic, descriptor-driven kernel). The third
+-- count; false forces the generic, descriptor-driven kernel), causal_tail =
+-- true (baked, dense causal: where a tile of rows holds several queries, it
+-- attends its first query's keys and a tail kernel the rest, so a key masked
+-- for a query never meets it in a shared P V; false shares the tile's keys
+-- as FlashMLA does: faster, but a NaN or inf in one of the last s_q - 1 keys
+-- may reach the earlier queries' outputs). The third
 -- result of the baked path is its plan (splits, rows per CTA, stages,
 -- tile_keys, variant = "generic", "wgmma", "wgmma16rs" or the built-in
 -- layout's name for the V-slice kernel, ...); M.last_variant()
@@ -54,7 +59,7 @@ local function shape_str(t)
 end
 
 local KNOWN = { q = 1, cache = 1, pages = 1, layout = 1, block_size = 1, tensor_scale = 1, block_table = 1,
-  cache_lens = 1, causal = 1, indices = 1, topk_len = 1, sink = 1, scale = 1, impl = 1, out = 1, lse = 1, check = 1,
+  cache_lens = 1, causal = 1, causal_tail = 1, indices = 1, topk_len = 1, sink = 1, scale = 1, impl = 1, out = 1, lse = 1, check = 1,
   splits = 1, specialize = 1 }
 
 -- The cache: a view table from cache:view(i), or pages + layout (+ block_size, tensor_scale).
@@ -150,6 +155,7 @@ function M.prepare(o)
   end
   if o.splits ~= nil and math.type(o.splits) ~= "integer" then fail("splits must be an integer, got %s", shown(o.splits)) end
   if sparse and o.causal then fail("causal applies to dense decode; sparse queries see exactly their indices") end
+  if o.causal_tail ~= nil and type(o.causal_tail) ~= "boolean" then fail("causal_tail must be a boolean, got %s", shown(o.causal_tail)) end
   if not sparse and o.topk_len ~= nil then fail("topk_len applies to sparse decode (with indices)") end
   local scale = o.scale or 1 / math.sqrt(L.k_dims)
   if type(scale) ~= "number" or scale ~= scale or scale <= 0 or scale == math.huge then
@@ -166,7 +172,7 @@ function M.prepare(o)
     cache_lens = index_tensor(o.cache_lens, "cache_lens", device),
     sink = float_tensor(o.sink, "sink", device),
     causal = not sparse and (o.causal == nil or o.causal == true),
-    check = o.check, splits = o.splits, specialize = o.specialize,
+    check = o.check, splits = o.splits, specialize = o.specialize, causal_tail = o.causal_tail,
   }
   local out_dt = impl == "ref" and "f32" or "bf16"
   a.out = o.out or core.empty({ b, s_q, h_q, L.v_dims }, { dtype = out_dt, device = device })

@@ -285,7 +285,7 @@ extern "C" int mla_cuda_attn_decode(const mla_layout_desc *d, const mla_cache_vi
   p.nsplits = ns, p.mr = mr;
   // chunks that straddle queries under the causal mask (rows are query-major,
   // heads inner): their later queries' last keys go to the causal tail
-  p.causal_tail = !p.sparse && p.causal && p.s_q > 1 && p.h_q % mr != 0;
+  p.causal_tail = !p.sparse && p.causal && p.s_q > 1 && p.h_q % mr != 0 && !a->shared_causal_tiles;
   p.nparts = ns + p.causal_tail;
 
   void *ws = NULL;
