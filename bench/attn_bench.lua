@@ -43,6 +43,10 @@ local groups = {
     { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 1, h_q = 16, len = 8192 },
     { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 1, h_q = 16, len = 32768 },
     { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 2, h_q = 8, len = 8192 },
+    -- causal MTP: the tail's cost at the short end, and without it (causal_tail = false)
+    { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 2, h_q = 8, len = 4096 },
+    { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 2, h_q = 8, len = 4096, causal_tail = false },
+    { kind = "dense", layout = "fp8_ds_mla", b = 128, s_q = 2, h_q = 8, len = 8192, causal_tail = false },
     { kind = "dense", layout = "fp8_v4", b = 128, s_q = 1, h_q = 16, len = 4096 },
     { kind = "dense", layout = "fp8_v4", b = 128, s_q = 1, h_q = 16, len = 8192 },
     { kind = "dense", layout = "fp8_v4", b = 128, s_q = 1, h_q = 16, len = 32768 },

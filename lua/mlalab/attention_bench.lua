@@ -30,10 +30,12 @@ function M.token_bytes(L, block_size)
 end
 
 --- Builds a case from a point: kind = "dense" | "sparse", layout, b, s_q,
--- h_q, len (dense), topk + pool (sparse), block_size = 64.
+-- h_q, len (dense), topk + pool (sparse), block_size = 64. A point may also
+-- carry impl, splits, specialize and causal_tail (attention.decode's options)
+-- and device (default: the GPU when there is one).
 function M.case(p)
   local o = { layout = p.layout, b = p.b, s_q = p.s_q or 1, h_q = p.h_q, block_size = p.block_size or 64,
-    fill = "replicate", template_pages = 16, seed = p.seed or 1, kv_std = 1 }
+    fill = "replicate", template_pages = 16, seed = p.seed or 1, kv_std = 1, device = p.device }
   if p.kind == "sparse" then
     o.topk, o.pool, o.unique, o.invalid = p.topk, p.pool or 131072, false, p.invalid
     return C.sparse(o)
@@ -57,7 +59,7 @@ end
 function M.run(p, bench_opts)
   local case = M.case(p)
   local a, info = A.prepare(C.args(case, { impl = p.impl or "baked", check = false, splits = p.splits,
-    specialize = p.specialize, scale = p.kind == "sparse" and case.layout.k_dims ^ -0.55 or nil }))
+    specialize = p.specialize, causal_tail = p.causal_tail, scale = p.kind == "sparse" and case.layout.k_dims ^ -0.55 or nil }))
   local flops, bytes, keys = M.cost(case)
   local fn, plan
   if info.impl == "baked" then
@@ -79,6 +81,7 @@ end
 
 function M.name(p)
   local gen = p.specialize == false and " gen" or type(p.specialize) == "string" and " " .. p.specialize or ""
+  if p.causal_tail == false then gen = gen .. " shared" end -- the causal tiles' keys shared (no tail)
   if p.kind == "sparse" then
     return string.format("sparse %s b%d s%d h%d k%d%s", p.layout, p.b, p.s_q or 1, p.h_q, p.topk, gen)
   end
