@@ -4,12 +4,12 @@
 // keys between those and its own causal limit: fewer than s_q, so it is
 // simple on purpose. One warp a row, 8-dim chunks of K dequantized in fp32
 // through the descriptor (mla::dequant8, as the JIT kernel), an online
-// softmax in base 2, launched as a programmatic dependent of the main kernel
-// so that this part runs while its last CTAs finish. With one KV split the kernel merges its result with the
-// main kernel's partial itself and writes the output and lse (one launch
-// fewer than the combine); with several it goes to partial slot nparts - 1
-// (normalized output, base-2 LSE, -inf and zeros when empty, NaN when a score
-// is NaN) for the combine to merge.
+// softmax in base 2. It is launched as a programmatic dependent of the main
+// kernel, so that this part runs while the main kernel's last CTAs finish.
+// With one KV split it then merges its result with the main kernel's partial
+// and writes the output and lse (one launch fewer than the combine); with
+// several it fills partial slot nparts - 1 (normalized output, base-2 LSE,
+// -inf and zeros when empty, NaN when a score is NaN) for the combine.
 #include <math_constants.h>
 
 #include "attn_decode_params.cuh"
