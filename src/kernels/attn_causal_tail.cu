@@ -13,6 +13,7 @@
 #include <math_constants.h>
 
 #include "attn_decode_params.cuh"
+#include "attn_decode_rows.cuh"
 #include "mla/layout_access.cuh"
 #include "mla/mma.cuh"
 
@@ -27,7 +28,8 @@ __global__ void __launch_bounds__(128) attn_causal_tail_kernel(const __grid_cons
   const int64_t gw = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
   if (gw >= (int64_t)p.b * p.rows) return;
   const int r = (int)(gw / p.rows), rho = (int)(gw - (int64_t)r * p.rows);
-  const int i = rho / p.h_q, h = rho - i * p.h_q;
+  int i, h;
+  row_coords(p, 0, rho, i, h);
   const int i0 = rho / p.mr * p.mr / p.h_q; // the chunk's first query: the main kernels attended its keys
   const int s_k = max(0, __ldg(p.cache_lens + r));
   const int lo = max(0, s_k - p.s_q + i0 + 1), hi = min(s_k, s_k - p.s_q + i + 1);
@@ -37,13 +39,10 @@ __global__ void __launch_bounds__(128) attn_causal_tail_kernel(const __grid_cons
 #pragma unroll
   for (int k = 0; k < LCH; k++) {
     const int c = lane + 32 * k;
+    const uint4 v = c < kch && lo < hi ? load_q8(p, r, i, h, c) : make_uint4(0, 0, 0, 0);
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int e = 0; e < 8; e++) {
-      const uint16_t b = c < kch && lo < hi ? __ldg(p.q + (int64_t)r * p.qs0 + (int64_t)i * p.qs1 + (int64_t)h * p.qs2 +
-                                         (int64_t)(c * 8 + e) * p.qs3)
-                                 : 0;
-      q[k][e] = __uint_as_float((uint32_t)b << 16);
-    }
+    for (int e = 0; e < 4; e++) q[k][2 * e] = __uint_as_float(w[e] << 16), q[k][2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
   }
   float m = -CUDART_INF_F, l = 0.f, acc[LCH][8];
   bool nan = false;
@@ -53,10 +52,9 @@ __global__ void __launch_bounds__(128) attn_causal_tail_kernel(const __grid_cons
     for (int e = 0; e < 8; e++) acc[k][e] = 0.f;
 
   for (int j = lo; j < hi; j++) {
-    const int blk = j / p.d.block_size;
-    if (blk >= p.max_blocks) continue;
-    const int pg = __ldg(p.block_table + (int64_t)r * p.max_blocks + blk);
-    if (pg < 0 || pg >= p.v.num_pages) continue; // a missing key, as in the main kernels
+    int pg, off;
+    slot_resolve(p, slot_fetch<1>(p, r, 0, hi, j, 0), pg, off);
+    if (pg < 0) continue; // a missing key, as in the main kernels
     float kv[LCH][8];
     float dot = 0.f;
 #pragma unroll
@@ -65,7 +63,7 @@ __global__ void __launch_bounds__(128) attn_causal_tail_kernel(const __grid_cons
 #pragma unroll
       for (int e = 0; e < 8; e++) kv[k][e] = 0.f;
       if (c < kch) {
-        mla::dequant8(p.d, p.v, pg, j - blk * p.d.block_size, c * 8, kv[k]);
+        mla::dequant8(p.d, p.v, pg, off, c * 8, kv[k]);
 #pragma unroll
         for (int e = 0; e < 8; e++) dot += q[k][e] * kv[k][e];
       }
