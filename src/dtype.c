@@ -48,11 +48,21 @@ static uint32_t fbits(float x) { uint32_t u; memcpy(&u, &x, 4); return u; }
 
 /* ---- decoding ---------------------------------------------------------- */
 
+/* 2^k for the normal doubles' exponents, built from its bits: the decoders
+ * below scale small integers by it exactly, where ldexp's range checks cost
+ * more than the decode itself (the CPU reference decodes every cached code). */
+static double pow2i(int k) {
+  const uint64_t u = (uint64_t)(k + 1023) << 52;
+  double x;
+  memcpy(&x, &u, 8);
+  return x;
+}
+
 double mla_e4m3_to_double(uint8_t b) {
   int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
   double v;
   if (e == 15 && m == 7) return NAN;
-  v = e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+  v = e == 0 ? m * 0x1p-9 : (8 + m) * pow2i(e - 10);
   return s ? -v : v;
 }
 
@@ -60,11 +70,11 @@ double mla_e5m2_to_double(uint8_t b) {
   int s = b >> 7, e = (b >> 2) & 31, m = b & 3;
   double v;
   if (e == 31) v = m ? NAN : INFINITY;
-  else v = e == 0 ? ldexp(m, -16) : ldexp(4 + m, e - 17);
+  else v = e == 0 ? m * 0x1p-16 : (4 + m) * pow2i(e - 17);
   return s ? -v : v;
 }
 
-double mla_ue8m0_to_double(uint8_t b) { return b == 0xff ? NAN : ldexp(1.0, (int)b - 127); }
+double mla_ue8m0_to_double(uint8_t b) { return b == 0xff ? NAN : pow2i((int)b - 127); }
 
 double mla_e2m1_to_double(uint8_t nib) {
   static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
@@ -78,7 +88,7 @@ float mla_f16_to_float(uint16_t h) {
   int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
   double v;
   if (e == 31) v = m ? NAN : INFINITY;
-  else v = e == 0 ? ldexp(m, -24) : ldexp(1024 + m, e - 25);
+  else v = e == 0 ? m * 0x1p-24 : (1024 + m) * pow2i(e - 25);
   return (float)(s ? -v : v);
 }
 
