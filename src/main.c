@@ -417,6 +417,13 @@ static void doREPL(lua_State *L) {
   lua_pushstring(L, "mlalab");
   if (docall(L, 1, 1) == LUA_OK) lua_setglobal(L, "mla");
   else report(L, LUA_ERRRUN);
+  /* help(x): the library's doc comments (lua/mlalab/help.lua), loaded on first call */
+  if (luaL_loadstring(L, "help = help or function(...) return mla.help(...) end") != LUA_OK || docall(L, 0, 0) != LUA_OK)
+    report(L, LUA_ERRRUN);
+  if (isatty(0)) {
+    static const char hint[] = "help() lists the library; help(x) describes x\n";
+    lua_writestring(hint, sizeof hint - 1);
+  }
   int status;
   while ((status = loadline(L)) != -1) {
     if (status == LUA_OK) status = docall(L, 0, LUA_MULTRET);
