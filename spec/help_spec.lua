@@ -21,6 +21,7 @@ describe("mla.help", function()
     has(t, (attention:gsub("^%-%-%-? ?", "")))
     has(t, "layout ")
     has(t, "kernels ")
+    assert.are.equal(t, H.text(mla))
   end)
 
   it("shows a function's defining line and its whole doc comment, by value or by name", function()

@@ -192,7 +192,7 @@ end
 
 --- The help text of x (see the header): a string.
 function M.text(x, name)
-  if x == nil then return overview() end
+  if x == nil or x == require "mlalab" then return overview() end
   if type(x) == "string" then
     local key = x:gsub("^mla%.", "")
     local v = resolve(key)
