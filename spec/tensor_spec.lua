@@ -12,6 +12,16 @@ describe("tensor creation", function()
     assert.is_true(t:is_contiguous())
   end)
 
+  it("shape, strides, ndim, dtype and device read as fields too", function()
+    local t = mla.empty({ 2, 3, 4 }, "f32", "cpu"):permute(2, 0, 1)
+    assert.same({ 4, 2, 3 }, t.shape)
+    assert.same({ 1, 12, 4 }, t.strides)
+    assert.equal(3, t.ndim)
+    assert.equal("f32", t.dtype)
+    assert.equal("cpu", t.device)
+    assert.is_nil(t.no_such_field)
+  end)
+
   it("full, zeros and ones fill every element", function()
     for _, dt in ipairs { "f32", "bf16", "i32", "e4m3" } do
       assert.same({ 7, 7, 7, 7 }, S.values(mla.full({ 2, 2 }, 7, dt, "cpu")))

@@ -602,6 +602,7 @@ static int l_index(lua_State *L) {
   if (lua_rawget(L, lua_upvalueindex(1)) != LUA_TNIL) return 1;
   const char *k = lua_tostring(L, 2);
   if (!k) return 0;
+  lua_settop(L, 1); /* the getters below read an optional dim from slot 2, which holds the key here */
   if (strcmp(k, "shape") == 0) return l_size(L);
   if (strcmp(k, "dtype") == 0) return l_dtype(L);
   if (strcmp(k, "device") == 0) return l_device(L);
