@@ -184,6 +184,18 @@ describe("attention reference (CPU)", function()
     assert.is_true(lse_at(lse, 1, 0, 0) < math.huge and lse_at(lse, 1, 0, 0) > -math.huge)
   end)
 
+  it("the reference holds the longest request's keys, not the block table's width", function()
+    mla.manual_seed(27)
+    local case = C.dense { layout = "fp8_ds_mla", b = 2, s_q = 1, h_q = 2, lens = { 37, 20 }, block_size = 16, device = "cpu" }
+    local out, lse = ref(case)
+    -- a table 2^20 blocks wide (garbage past each request's blocks): 36 GB of keys if sized by its width
+    local wide = mla.full({ 2, 1 << 20 }, C.GARBAGE, "i32", "cpu")
+    wide:narrow(1, 0, case.block_table:size(1)):copy(case.block_table)
+    local out_w, lse_w = ref(case, { block_table = wide })
+    assert.is_true(out_w:equal(out))
+    assert.is_true(lse_w:equal(lse))
+  end)
+
   it("sparse decode skips -1 entries: the result equals the one over the valid entries alone", function()
     mla.manual_seed(16)
     local case = C.sparse { layout = "fp8_ds_mla", b = 1, s_q = 2, h_q = 2, topk = 24, pool = 40, invalid = 0.3,

@@ -105,7 +105,12 @@ static void sparse_query(const mla_layout_desc *d, const mla_cache_view *v, cons
 
 int mla_ref_attn_decode(const mla_layout_desc *d, const mla_cache_view *v, const mla_attn_args *a, float *out,
                         float *lse) {
-  const int64_t kmax = a->sparse ? a->topk : a->max_blocks * d->block_size;
+  /* keys held at once: a sparse row's top-k, or the longest request (not the
+   * block table's width, which may be far wider than any request) */
+  int64_t kmax = a->sparse ? a->topk : 0;
+  if (!a->sparse)
+    for (int64_t r = 0; r < a->b; r++)
+      if (a->cache_lens[r] > kmax) kmax = a->cache_lens[r];
   ref_work w;
   if (work_alloc(&w, kmax, d->dim, a->d_qk, a->d_v)) return -1;
   for (int64_t r = 0; r < a->b; r++) {
