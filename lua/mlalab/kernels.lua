@@ -25,6 +25,11 @@ local M = {}
 
 -- A Lua error naming the operation, raised at its caller.
 local function fail(fn, fmt, ...) error(fn .. ": " .. string.format(fmt, ...), 3) end
+local function opts_table(fn, opts)
+  if opts == nil then return {} end
+  if type(opts) ~= "table" then fail(fn, "opts must be a table, got %s", type(opts)) end
+  return opts
+end
 
 -- A packed mla_layout_desc always holds zero bytes; layout names never do.
 local function is_packed(s) return type(s) == "string" and s:find("\0", 1, true) ~= nil end
@@ -114,7 +119,12 @@ end
 
 local function out_rows(fn, opts, n, desc, dev)
   if opts and opts.out then return opts.out end
-  local cols = opts and opts.ncols or dim_of(desc)
+  local dim = dim_of(desc)
+  local cols = opts and opts.ncols or dim
+  -- checked before the allocation, which a wrong value could make enormous (the core checks out's shape again)
+  if math.type(cols) ~= "integer" or cols < 8 or cols > dim then
+    fail(fn, "ncols = %s must be an integer from 8 to the layout's %d dims", tostring(cols), dim)
+  end
   local o = mla.empty({ n, cols }, "bf16", dev)
   if not (opts and opts.fill == false) then o:fill(0) end
   return o
@@ -125,7 +135,7 @@ end
 -- contents: zeros unless opts.out or fill = false). opts: out, ncols,
 -- remap = true (or an index tensor): remap[i] = slots[i] >= 0 ? i : -1.
 function M.gather_sparse(c, slots, opts)
-  opts = opts or {}
+  opts = opts_table("gather_sparse", opts)
   local desc, pages, scale = M.cache_args(c, "gather_sparse")
   local dev = pages.device
   slots = idx_tensor("gather_sparse", slots, "slots", dev)
@@ -139,22 +149,37 @@ function M.gather_sparse(c, slots, opts)
   return out
 end
 
-local function total_rows(fn, cu, opts)
-  if opts.num_rows then return opts.num_rows end
-  if cu:numel() == 0 then fail(fn, "cu_seq_lens needs B + 1 entries") end
-  return math.tointeger(cu:get({ cu:numel() - 1 })) -- reads the device (a sync); pass num_rows to avoid it
+-- The rows of a gather's output: opts.num_rows (an upper bound the caller
+-- chose), or cu_seq_lens[B], which can be no more than the block table holds.
+-- Checked here, before the output is allocated (a wrong total could make it
+-- enormous); the core checks each request's rows again.
+local function total_rows(fn, cu, bt, desc, opts)
+  local n = opts.num_rows
+  if n ~= nil then
+    if math.type(n) ~= "integer" or n < 0 then fail(fn, "num_rows = %s must be a row count (an integer >= 0)", tostring(n)) end
+    return n
+  end
+  if not mla.is_tensor(cu) or cu:numel() == 0 then fail(fn, "cu_seq_lens needs B + 1 entries") end
+  n = math.tointeger(cu:get({ cu:numel() - 1 })) -- reads the device (a sync); pass num_rows to avoid it
+  local cap = mla.is_tensor(bt) and bt:dim() == 2 and bt:size(0) * bt:size(1) * core.layout_unpack(desc).block_size or nil
+  if not n or n < 0 or (cap and n > cap) then
+    fail(fn, "cu_seq_lens[B] = %s must be a row count from 0 to the %s tokens the block table holds", tostring(n),
+      cap and tostring(cap) or "?")
+  end
+  return n
 end
 
 --- gather_dense(cache, block_table, cu_seq_lens, opts) -> out [rows, ncols] bf16.
 -- Request r, i < cu[r+1] - cu[r]: p = seq_starts[r] + i, out[cu[r] + i] <- block_table[r, p / bs], p % bs.
 -- opts: seq_starts, out, num_rows (an upper bound: rows past cu[B] are untouched), ncols.
 function M.gather_dense(c, block_table, cu_seq_lens, opts)
-  opts = opts or {}
+  opts = opts_table("gather_dense", opts)
   local desc, pages, scale = M.cache_args(c, "gather_dense")
   local dev = pages.device
   local cu = idx_tensor("gather_dense", cu_seq_lens, "cu_seq_lens", dev)
   local bt = idx_tensor("gather_dense", block_table, "block_table", dev)
-  local out = opts.out or out_rows("gather_dense", opts, total_rows("gather_dense", cu, opts), desc, dev)
+  local out = opts.out
+    or out_rows("gather_dense", opts, total_rows("gather_dense", cu, bt, desc, opts), desc, dev)
   core.kv_gather_dense(desc, pages, scale, bt, cu, idx_tensor("gather_dense", opts.seq_starts, "seq_starts", dev), out)
   after(opts, dev)
   return out
@@ -164,17 +189,18 @@ end
 -- the stored bytes of each token (e.g. the indexer's fp8 keys and their
 -- scales, as DeepGEMM reads them). opts: seq_starts, num_rows, out (a list).
 function M.gather_raw(c, block_table, cu_seq_lens, opts)
-  opts = opts or {}
+  opts = opts_table("gather_raw", opts)
   local desc, pages, scale = M.cache_args(c, "gather_raw")
   local dev = pages.device
   local cu = idx_tensor("gather_raw", cu_seq_lens, "cu_seq_lens", dev)
+  local bt = idx_tensor("gather_raw", block_table, "block_table", dev)
   local out = opts.out
   if not out then
-    local d, n = core.layout_unpack(desc), total_rows("gather_raw", cu, opts)
+    local d, n = core.layout_unpack(desc), total_rows("gather_raw", cu, bt, desc, opts)
     out = {}
     for r = 1, d.nregions do out[r] = mla.zeros({ n, d.region_row_bytes[r] }, "u8", dev) end
   end
-  core.kv_gather_raw(desc, pages, scale, idx_tensor("gather_raw", block_table, "block_table", dev), cu,
+  core.kv_gather_raw(desc, pages, scale, bt, cu,
     idx_tensor("gather_raw", opts.seq_starts, "seq_starts", dev), out)
   after(opts, dev)
   return out
@@ -205,7 +231,7 @@ end
 --    capacity (and on out-of-range indices); with check = false nothing syncs
 --    (kernels.check(device) and count:item() later).
 function M.compact(c, indices, opts)
-  opts = opts or {}
+  opts = opts_table("compact", opts)
   local desc, pages, scale = M.cache_args(c, "compact")
   local dev = pages.device
   local idx = idx_tensor("compact", indices, "indices", dev)
@@ -241,7 +267,7 @@ end
 -- (duplicates dequantized twice), remap = index >= 0 ? its position : -1, with
 -- the shape of indices. Shapes depend only on indices' shape.
 function M.gather_referenced(c, indices, opts)
-  opts = opts or {}
+  opts = opts_table("gather_referenced", opts)
   local flat = indices:reshape({ indices:numel() })
   local o = { out = opts.out, ncols = opts.ncols, remap = opts.remap or true, check = opts.check, fill = opts.fill }
   local rows, remap = M.gather_sparse(c, flat, o)
@@ -273,7 +299,7 @@ end
 -- (prefill: each query token of a request), or r = t (decode). opts: out,
 -- dtype ("i32"), lens = true (number of entries >= 0 per row).
 function M.topk_paged(topk, block_table, block_size, opts)
-  opts = opts or {}
+  opts = opts_table("topk_paged", opts)
   local dev = topk.device
   local tr, cq = req_args("topk_paged", opts, dev)
   local out, lens = topk_outs(topk, opts)
@@ -286,7 +312,7 @@ end
 --- topk_ragged(topk, cu_k, opts) -> out (, lens): positions -> rows of K
 -- concatenated over requests (idx + cu_k[r], -1 kept). Options as topk_paged.
 function M.topk_ragged(topk, cu_k, opts)
-  opts = opts or {}
+  opts = opts_table("topk_ragged", opts)
   local dev = topk.device
   local tr, cq = req_args("topk_ragged", opts, dev)
   local out, lens = topk_outs(topk, opts)
