@@ -213,6 +213,16 @@ describe("kernels.gather_dense", function()
     end
     S.assert_error_contains(function() K.gather_sparse(v, mla.tensor({ 0, 1 }, "i32"), { ncols = 1 << 30 }) end,
       "gather_sparse: ncols = 1073741824 must be an integer from 8 to the layout's 576 dims")
+    -- arguments that are not tensors are named
+    S.assert_error_contains(function() K.write(v, { 0, 1 }) end, "write: rows must be a bf16 tensor [T, dim]")
+    S.assert_error_contains(function() K.write(v, nil, mla.randn({ 2, 576 }):to("bf16")) end, "write: slot_mapping must be an index tensor")
+    S.assert_error_contains(function() K.gather_sparse(v, { 0, 1 }, { out = "x" }) end, "gather_sparse: opts.out must be a bf16 tensor")
+    S.assert_error_contains(function() K.compact(v, nil) end, "compact: indices must be an index tensor or a list of integers, got nil")
+    S.assert_error_contains(function() K.gather_referenced(v, 3) end, "gather_referenced: indices must be an index tensor")
+    S.assert_error_contains(function() K.topk_paged(5, { { 0 } }, 4) end, "topk_paged: topk must be a 2-dim index tensor [tokens, k], got number")
+    S.assert_error_contains(function() K.topk_ragged(nil, { 0, 1 }) end, "topk_ragged: topk must be a 2-dim index tensor [tokens, k], got nil")
+    S.assert_error_contains(function() K.gather_dense(v, { { 0, 1 } }, mla.tensor({ { 0, 4 } }, "i32")) end,
+      "gather_dense: cu_seq_lens must be a 1-dim index tensor of B + 1 entries")
     S.assert_error_contains(function()
       K.gather_dense(v, mla.tensor({ { 0, 7 } }, "i32"), mla.tensor({ 0, 6 }, "i32"))
     end, "block_table[0, 1] = 7 is not a page of the cache (4 pages)")
