@@ -319,51 +319,54 @@ int mla_check_cache_view(lua_State *L, const mla_layout_desc *d, int tensor_idx,
   mla_tensor *t = mla_check_tensor(L, tensor_idx);
   int dev = mla_tensor_device(t);
   const char *w = "pages";
-  if (t->dtype != MLA_U8) return lerrf(L, "%s (argument #%d) must be a u8 tensor, got %s", w, tensor_idx, mla_dtype_name(t->dtype));
+  /* the binding's name, as luaL_argerror gives it: several bindings share this check */
+  lua_Debug ar;
+  const char *fn = lua_getstack(L, 0, &ar) && lua_getinfo(L, "n", &ar) && ar.name ? ar.name : "?";
+  if (t->dtype != MLA_U8) return lerrf(L, "%s: %s (argument #%d) must be a u8 tensor, got %s", fn, w, tensor_idx, mla_dtype_name(t->dtype));
   memset(v, 0, sizeof *v);
   int64_t extent;
   if (t->ndim == 2) {
     if (t->sizes[1] > 1 && t->strides[1] != 1)
-      return lerrf(L, "%s (argument #%d): the bytes of a page must be contiguous (stride(1) = %lld)", w, tensor_idx,
+      return lerrf(L, "%s: %s (argument #%d): the bytes of a page must be contiguous (stride(1) = %lld)", fn, w, tensor_idx,
                         (long long)t->strides[1]);
     v->token_stride = d->region_row_bytes[0];
     extent = t->sizes[1];
   } else if (t->ndim == 3) {
     if (d->nregions != 1)
-      return lerrf(L, "%s (argument #%d): a [pages, block_size, row] view needs a one-region layout; this one has %d regions (pass [pages, page_bytes])",
-                        w, tensor_idx, d->nregions);
+      return lerrf(L, "%s: %s (argument #%d): a [pages, block_size, row] view needs a one-region layout; this one has %d regions (pass [pages, page_bytes])",
+                        fn, w, tensor_idx, d->nregions);
     if (t->sizes[1] != d->block_size)
-      return lerrf(L, "%s (argument #%d): size(1) = %lld but the layout has block_size %d", w, tensor_idx,
+      return lerrf(L, "%s: %s (argument #%d): size(1) = %lld but the layout has block_size %d", fn, w, tensor_idx,
                         (long long)t->sizes[1], d->block_size);
     if (t->sizes[2] > 1 && t->strides[2] != 1)
-      return lerrf(L, "%s (argument #%d): the bytes of a token row must be contiguous (stride(2) = %lld)", w,
+      return lerrf(L, "%s: %s (argument #%d): the bytes of a token row must be contiguous (stride(2) = %lld)", fn, w,
                         tensor_idx, (long long)t->strides[2]);
     if (t->sizes[2] < d->region_row_bytes[0])
-      return lerrf(L, "%s (argument #%d): rows of %lld bytes are shorter than the layout's %d-byte token row", w,
+      return lerrf(L, "%s: %s (argument #%d): rows of %lld bytes are shorter than the layout's %d-byte token row", fn, w,
                         tensor_idx, (long long)t->sizes[2], d->region_row_bytes[0]);
     v->token_stride = t->strides[1];
     extent = d->region_off[0] + (t->sizes[1] - 1) * t->strides[1] + t->sizes[2];
   } else {
-    return lerrf(L, "%s (argument #%d) must be u8 [pages, page_bytes] or [pages, block_size, row], got %d dims", w,
+    return lerrf(L, "%s: %s (argument #%d) must be u8 [pages, page_bytes] or [pages, block_size, row], got %d dims", fn, w,
                       tensor_idx, t->ndim);
   }
   v->num_pages = t->sizes[0];
   v->page_stride = t->strides[0]; /* from the tensor, never block_size x row */
   void *p;
-  if (mla_tensor_data(t, &p)) return lerrf(L, "%s (argument #%d): %s", w, tensor_idx, mla_errmsg());
+  if (mla_tensor_data(t, &p)) return lerrf(L, "%s: %s (argument #%d): %s", fn, w, tensor_idx, mla_errmsg());
   v->base = p;
-  if (mla_layout_check_view(d, v, extent)) return lerrf(L, "%s (argument #%d): %s", w, tensor_idx, mla_errmsg());
+  if (mla_layout_check_view(d, v, extent)) return lerrf(L, "%s: %s (argument #%d): %s", fn, w, tensor_idx, mla_errmsg());
   if (scale_idx && !lua_isnoneornil(L, scale_idx)) {
     mla_tensor *s = mla_check_tensor(L, scale_idx);
     if (s->dtype != MLA_F32 || mla_tensor_numel(s) != 1)
-      return lerrf(L, "tensor_scale (argument #%d) must be an f32 tensor of 1 element, got %s with %lld elements",
-                        scale_idx, mla_dtype_name(s->dtype), (long long)mla_tensor_numel(s));
+      return lerrf(L, "%s: tensor_scale (argument #%d) must be an f32 tensor of 1 element, got %s with %lld elements",
+                        fn, scale_idx, mla_dtype_name(s->dtype), (long long)mla_tensor_numel(s));
     if (mla_tensor_device(s) != dev) {
       char a[32], b[32];
-      return lerrf(L, "tensor_scale (argument #%d) is on %s but the pages are on %s", scale_idx,
+      return lerrf(L, "%s: tensor_scale (argument #%d) is on %s but the pages are on %s", fn, scale_idx,
                         mla_device_name(mla_tensor_device(s), a, sizeof a), mla_device_name(dev, b, sizeof b));
     }
-    if (mla_tensor_data(s, &p)) return lerrf(L, "tensor_scale (argument #%d): %s", scale_idx, mla_errmsg());
+    if (mla_tensor_data(s, &p)) return lerrf(L, "%s: tensor_scale (argument #%d): %s", fn, scale_idx, mla_errmsg());
     v->tensor_scale = p;
   }
   return dev;

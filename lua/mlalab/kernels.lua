@@ -48,7 +48,11 @@ local function packed_of(fn, c)
   local l = c.desc or c.layout
   if l == nil then fail(fn, "the cache table has no layout") end
   if is_packed(l) then return l end
-  if type(l) == "string" or mla.layout.is_layout(l) then return mla.layout.get(l):packed(block_size_of(fn, c)) end
+  if type(l) == "string" or mla.layout.is_layout(l) then
+    local ok, L = pcall(mla.layout.get, l)
+    if not ok then fail(fn, "%s", tostring(L):gsub("^[^:]*:%d+: ", "")) end -- the caller's name before layout.get's message
+    return L:packed(block_size_of(fn, c))
+  end
   if type(l) == "table" then
     local d = l
     if not d.block_size then

@@ -1,0 +1,169 @@
+-- Argument fuzz of the Lua API (run by .ci/run under ASan + UBSan):
+--   mlalab fuzz/args.lua [--seed N] [--iterations N] [--show]
+-- Builds a valid call of mla.attention.decode or an mla.kernels operation on
+-- small CPU caches of every built-in layout, replaces one or two of its
+-- arguments with something wrong (another dtype, shape or device, a closed
+-- tensor, negative, huge or NaN values, a table or string for a tensor...)
+-- and calls it. Each call must return or raise a Lua error whose message
+-- names the operation; a crash, a sanitizer report or an error that names
+-- nothing (Lua's own "attempt to index a nil value") fails the run. Huge
+-- allocations must fail as errors: run with ASAN_OPTIONS=allocator_may_return_null=1.
+local mla = require "mlalab"
+local C = mla.attention_cases
+local K = mla.kernels
+
+local opt = { seed = 1, iterations = 300, show = false }
+local i = 1
+while i <= #arg do
+  local a = arg[i]
+  if a == "--seed" then opt.seed, i = math.tointeger(tonumber(arg[i + 1])), i + 1
+  elseif a == "--iterations" then opt.iterations, i = math.tointeger(tonumber(arg[i + 1])), i + 1
+  elseif a == "--show" then opt.show = true
+  else error("fuzz/args.lua: unknown argument " .. tostring(a), 0) end
+  i = i + 1
+end
+assert(opt.seed and opt.iterations, "fuzz/args.lua: --seed and --iterations take integers")
+
+local draw = C.rng(opt.seed)
+local function pick(t) return t[draw(#t) + 1] end
+
+local LAYOUTS = { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_blocked", "fp8_v4", "fp8_v4_vllm", "fp8_v41", "fp4_v41",
+  "indexer_fp8" }
+
+-- Wrong values for a tensor argument x (x may be nil).
+local function wrong_tensor(x)
+  local is_t = mla.is_tensor(x)
+  local f = pick {
+    function() return nil end, function() return 7 end, function() return "x" end, function() return {} end,
+    function() return mla.zeros({ 0 }, "i32", "cpu") end,
+    function() return mla.full({ 3 }, -5, "i64", "cpu") end,
+    function() return mla.full({ 2, 1 << 16 }, 1, "i32", "cpu") end,
+    function() return mla.full({ 5 }, 2147483647, "i32", "cpu") end,
+    function() return mla.randn({ 1, 1, 1, 576 }, { dtype = "bf16", device = "cpu" }) end,
+    function() return is_t and x:to("f32") or nil end,
+    function() return is_t and x:to("i64") or nil end,
+    function() return is_t and x:view("u8") or nil end,
+    function() return is_t and x:dim() >= 2 and x:transpose(0, 1) or x end,
+    function() return is_t and x:numel() > 0 and x:narrow(0, 0, x:size(0) - 1) or x end,
+    function() if is_t then local y = x:clone(); y:fill(-1); return y end end,
+    function() if is_t then local y = x:clone(); y:fill(1e9); return y end end,
+    function() if is_t then local y = x:clone(); y:close(); return y end end,
+  }
+  return f()
+end
+
+local function wrong_scalar()
+  return pick { -1, 0, 3, 1 << 40, 0.5, 0 / 0, 1e300, "x", {}, true }
+end
+
+-- A cache view table with one field made wrong.
+local function wrong_view(v)
+  local w = {}
+  for k, x in pairs(v) do w[k] = x end
+  local k = pick { "pages", "pages", "tensor_scale", "block_size", "layout", "desc" }
+  if k == "pages" then
+    w.pages = pick {
+      function() return w.pages:narrow(0, 0, 1) end, function() return w.pages:view("f32") end,
+      function() return mla.zeros({ 3, 5 }, "u8", "cpu") end,
+      function() local y = w.pages:clone(); y:close(); return y end,
+      function() return w.pages:narrow(1, 1, w.pages:size(1) - 1) end,
+    }()
+  elseif k == "tensor_scale" then w.tensor_scale = pick { 0, -1, 0 / 0, mla.zeros({ 3 }, "f32", "cpu"), "x" }
+  elseif k == "block_size" then w.block_size = pick { 0, -16, 7, 1 << 40, 0.5 }
+  elseif k == "layout" then w.layout = pick { "nope", 3, {} }
+  else w.desc = pick { "", "garbage", 5 } end
+  return w
+end
+
+local function cpu_view(layout, blocks, bs, seed)
+  local c = mla.cache.new { layout = layout, num_blocks = blocks, block_size = bs, device = "cpu", tensor_scale = 0.5 }
+  local v = c:view(0)
+  v.pages:random_("bits", seed)
+  return v
+end
+
+-- Valid calls: name (what its errors must mention), function, argument list.
+local function attention_call(it)
+  local sparse = draw(2) == 0
+  local o = { layout = pick(LAYOUTS), b = 2, s_q = 1 + draw(2), h_q = 1 + draw(3), block_size = 16, device = "cpu", seed = it }
+  if sparse then o.topk, o.pool, o.invalid = 8 + draw(9), 40, 0.2 else o.lens = { draw(40), draw(40) } end
+  local ok, case = pcall(sparse and C.sparse or C.dense, o)
+  if not ok then return nil end -- a layout attention does not serve
+  local a = C.args(case, { impl = "ref" })
+  local keys = {}
+  for k in pairs(a) do keys[#keys + 1] = k end
+  table.sort(keys)
+  for _ = 1, 1 + draw(2) do
+    local k = pick(keys)
+    if mla.is_tensor(a[k]) or a[k] == nil then
+      local ok2, x = pcall(wrong_tensor, a[k])
+      a[k] = ok2 and x or nil
+    elseif type(a[k]) == "table" and a[k].pages then
+      local ok2, w = pcall(wrong_view, a[k])
+      a[k] = ok2 and w or nil
+    else a[k] = wrong_scalar() end
+  end
+  if draw(4) == 0 then a.splits = pick { -1, 0, 1, 1000, 0.5 } end
+  return "attention", mla.attention.decode, { a }
+end
+
+local function kernel_call(it)
+  local bs = pick { 16, 64 }
+  local v = cpu_view(pick(LAYOUTS), 6, bs, it)
+  local dim = mla.core.layout_unpack(v.desc).dim
+  local slots = mla.tensor({ 0, 3, bs + 1, 5 * bs - 1 }, "i64", "cpu")
+  local bt = mla.tensor({ { 0, 2 }, { 5, 1 } }, "i32", "cpu")
+  local cu = mla.tensor({ 0, bs + 3, 2 * bs + 1 }, "i32", "cpu")
+  local topk = mla.tensor({ { 0, 5, -1 }, { 3, bs + 2, 1 } }, "i32", "cpu")
+  local name, fn, args = table.unpack(pick {
+    { "write", K.write, { v, slots, mla.randn({ 4, dim }, { dtype = "bf16", device = "cpu" }) } },
+    { "gather_sparse", K.gather_sparse, { v, slots:to("i32"), { ncols = pick { nil, 512, 0, -1, 1 << 20 } } } },
+    { "gather_dense", K.gather_dense, { v, bt, cu } },
+    { "gather_raw", K.gather_raw, { v, bt, cu } },
+    { "requant", K.requant, { v, cpu_view(pick(LAYOUTS), 6, bs, it + 1) } },
+    { "compact", K.compact, { v, topk } },
+    { "gather_referenced", K.gather_referenced, { v, topk } },
+    { "topk_paged", K.topk_paged, { topk, bt, bs } },
+    { "topk_ragged", K.topk_ragged, { topk, mla.tensor({ 0, 3 }, "i32", "cpu") } },
+  })
+  for _ = 1, 1 + draw(2) do
+    local k = draw(#args + 1) + 1
+    local x = args[k]
+    if type(x) == "table" and x.pages then
+      local ok, w = pcall(wrong_view, x)
+      args[k] = ok and w or nil
+    elseif mla.is_tensor(x) or x == nil then
+      local ok, y = pcall(wrong_tensor, x)
+      args[k] = ok and y or nil
+    elseif type(x) == "number" then args[k] = wrong_scalar()
+    else args[k] = pick { { check = false }, { out = mla.zeros({ 1 }, "f32", "cpu") }, "x", 5 } end
+  end
+  return name, fn, args
+end
+
+-- An error must be a string that names the operation, the one it delegates
+-- to, or the closed tensor it was given.
+local DELEGATES = { gather_referenced = "gather_sparse", attention = "attn_" }
+local function names_op(msg, name)
+  if type(msg) ~= "string" then return false end
+  return msg:find(name, 1, true) ~= nil or msg:find("closed tensor", 1, true) ~= nil
+    or (DELEGATES[name] and msg:find(DELEGATES[name], 1, true) ~= nil)
+end
+
+local calls, raised, bad = 0, 0, {}
+for it = 1, opt.iterations do
+  local name, fn, args
+  if draw(2) == 0 then name, fn, args = attention_call(it) else name, fn, args = kernel_call(it) end
+  if name then
+    local ok, err = pcall(fn, table.unpack(args, 1, 4))
+    calls = calls + 1
+    if not ok then
+      raised = raised + 1
+      if opt.show then print(name, err) end
+      if not names_op(err, name) then bad[#bad + 1] = string.format("%s (iteration %d): %s", name, it, tostring(err)) end
+    end
+  end
+end
+print(string.format("fuzz/args.lua: seed %d, %d calls, %d raised, %d errors that name nothing", opt.seed, calls, raised, #bad))
+for k = 1, math.min(#bad, 20) do print("  " .. bad[k]) end
+if #bad > 0 then os.exit(1) end
