@@ -1,7 +1,8 @@
 -- Argument fuzz of the Lua API (run by .ci/run under ASan + UBSan):
 --   mlalab fuzz/args.lua [--seed N] [--iterations N] [--show]
 -- Builds a valid call of mla.attention.decode or an mla.kernels operation on
--- small CPU caches of every built-in layout, replaces one or two of its
+-- small CPU caches of every built-in layout (or a tensor method or
+-- constructor with random arguments), replaces one or two of its
 -- arguments with something wrong (another dtype, shape or device, a closed
 -- tensor, negative, huge or NaN values, a table or string for a tensor...)
 -- and calls it. Each call must return or raise a Lua error whose message
@@ -141,11 +142,66 @@ local function kernel_call(it)
   return name, fn, args
 end
 
+-- Tensor methods and constructors with random arguments: small shapes (a
+-- valid huge shape is a real allocation, not a bug), views of every kind.
+local TENSOR_INTS = { 0, 1, 2, 3, -1, -2, 5, 1 << 31, (1 << 31) - 1, 1 << 40, math.maxinteger, math.mininteger, 0.5, 0 / 0 }
+local DTYPES = { "u8", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64", "e4m3", "e5m2", "ue8m0", "e2m1", "bogus" }
+local METHODS = {}
+for k, v in pairs(mla.core.Tensor) do
+  if type(v) == "function" and k ~= "close" then METHODS[#METHODS + 1] = k end
+end
+table.sort(METHODS)
+local ALLOCATING = { view = 1, reshape = 1, to = 1, clone = 1, contiguous = 1, totable = 1, cpu = 1, cuda = 1, float = 1, double = 1 }
+
+local function small_tensor()
+  local shape = {}
+  for d = 1, draw(4) do shape[d] = draw(5) end
+  local t = mla.randn(shape, { dtype = pick { "f32", "bf16", "f64" }, device = "cpu" })
+  if draw(3) == 0 then
+    local ok, u = pcall(t.to, t, pick(DTYPES))
+    if ok then t = u end
+  end
+  if draw(4) == 0 and t:dim() >= 2 then t = t:transpose(0, 1) end
+  return t
+end
+
+local function tensor_arg(small)
+  local k = draw(6)
+  local function int()
+    local v = pick(TENSOR_INTS)
+    return (small and type(v) == "number" and math.abs(v) > 64) and 3 or v
+  end
+  if k == 0 then return int()
+  elseif k == 1 then return pick(DTYPES)
+  elseif k == 2 then
+    local s = {}
+    for d = 1, draw(5) do s[d] = int() end
+    return s
+  elseif k == 3 then return small_tensor()
+  elseif k == 4 then return nil
+  else return { dtype = pick(DTYPES), device = pick { "cpu", "cuda", "cuda:3", "x" } } end
+end
+
+local function tensor_call()
+  local t = small_tensor()
+  if draw(2) == 0 then
+    local m = pick(METHODS)
+    local small = ALLOCATING[m] ~= nil
+    local a = { tensor_arg(small), tensor_arg(small), tensor_arg(small), tensor_arg(small) }
+    return "tensor", function(...) return t[m](t, ...) end, a
+  end
+  local shape = {}
+  for d = 1, draw(4) do shape[d] = pick { 0, 1, 2, 3, -1, 0.5, 0 / 0, "x" } end
+  local ctor = pick { mla.empty, mla.zeros, mla.full, mla.tensor, mla.arange, mla.rand, mla.randn, mla.random_bytes }
+  return "tensor", ctor, { shape, tensor_arg(true), tensor_arg(true) }
+end
+
 -- An error must be a string that names the operation, the one it delegates
 -- to, or the closed tensor it was given.
 local DELEGATES = { gather_referenced = "gather_sparse", attention = "attn_" }
 local function names_op(msg, name)
   if type(msg) ~= "string" then return false end
+  if name == "tensor" then return true end -- Lua's own argument errors name the method; only a crash or a leak fails
   return msg:find(name, 1, true) ~= nil or msg:find("closed tensor", 1, true) ~= nil
     or (DELEGATES[name] and msg:find(DELEGATES[name], 1, true) ~= nil)
 end
@@ -153,7 +209,10 @@ end
 local calls, raised, bad = 0, 0, {}
 for it = 1, opt.iterations do
   local name, fn, args
-  if draw(2) == 0 then name, fn, args = attention_call(it) else name, fn, args = kernel_call(it) end
+  local family = draw(3)
+  if family == 0 then name, fn, args = attention_call(it)
+  elseif family == 1 then name, fn, args = kernel_call(it)
+  else name, fn, args = tensor_call() end
   if name then
     local ok, err = pcall(fn, table.unpack(args, 1, 4))
     calls = calls + 1

@@ -22,6 +22,14 @@ describe("tensor creation", function()
     assert.is_nil(t.no_such_field)
   end)
 
+  it("set raises on a value that is not a number (and, under ASan, leaks nothing)", function()
+    local t = mla.zeros({ 2, 2 }, "f32", "cpu")
+    S.assert_error_contains(function() t:set({ 0, 1 }, "x") end, "number expected")
+    S.assert_error_contains(function() mla.zeros({ 2 }, "i64", "cpu"):set({ 0 }, {}) end, "number expected")
+    t:set({ 0, 1 }, 2.5)
+    assert.equal(2.5, t:get({ 0, 1 }))
+  end)
+
   it("full, zeros and ones fill every element", function()
     for _, dt in ipairs { "f32", "bf16", "i32", "e4m3" } do
       assert.same({ 7, 7, 7, 7 }, S.values(mla.full({ 2, 2 }, 7, dt, "cpu")))

@@ -511,11 +511,14 @@ static int l_get(lua_State *L) {
 static int l_set(lua_State *L) {
   mla_tensor *t = mla_check_tensor(L, 1);
   int64_t e = coords(L, t, 2);
+  /* the value is checked before the temporary exists: a raised error would leak it */
+  const int exact_i64 = lua_isinteger(L, 3) && t->dtype == MLA_I64;
+  const double v = exact_i64 ? 0.0 : luaL_checknumber(L, 3);
   mla_tensor one = *t, h;
   one.ndim = 0, one.offset = e;
   if (mla_tensor_empty(&h, t->dtype == MLA_E2M1 ? MLA_F64 : t->dtype, 0, one.sizes, MLA_CPU)) return mla_lua_errorf(L, "set");
-  if (lua_isinteger(L, 3) && t->dtype == MLA_I64) ((int64_t *)h.storage->data)[0] = lua_tointeger(L, 3);
-  else mla_store_double(h.dtype, h.storage->data, 0, luaL_checknumber(L, 3), NULL);
+  if (exact_i64) ((int64_t *)h.storage->data)[0] = lua_tointeger(L, 3);
+  else mla_store_double(h.dtype, h.storage->data, 0, v, NULL);
   int rc;
   if (t->dtype == MLA_E2M1 && mla_tensor_device(t) != MLA_CPU) {
     rc = mla_err("set: single e2m1 elements on the GPU are not addressable; set a CPU copy");

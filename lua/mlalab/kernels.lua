@@ -174,10 +174,10 @@ local function total_rows(fn, cu, bt, desc, opts)
   end
   if not mla.is_tensor(cu) or cu:dim() ~= 1 or cu:numel() == 0 then fail(fn, "cu_seq_lens must be a 1-dim index tensor of B + 1 entries") end
   n = math.tointeger(cu:get({ cu:numel() - 1 })) -- reads the device (a sync); pass num_rows to avoid it
-  local cap = mla.is_tensor(bt) and bt:dim() == 2 and bt:size(0) * bt:size(1) * core.layout_unpack(desc).block_size or nil
-  if not n or n < 0 or (cap and n > cap) then
-    fail(fn, "cu_seq_lens[B] = %s must be a row count from 0 to the %s tokens the block table holds", tostring(n),
-      cap and tostring(cap) or "?")
+  if not mla.is_tensor(bt) or bt:dim() ~= 2 then fail(fn, "block_table must be a 2-dim index tensor [B, max_blocks]") end
+  local cap = bt:size(0) * bt:size(1) * core.layout_unpack(desc).block_size
+  if not n or n < 0 or n > cap then
+    fail(fn, "cu_seq_lens[B] = %s must be a row count from 0 to the %d tokens the block table holds", tostring(n), cap)
   end
   return n
 end
