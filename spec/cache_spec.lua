@@ -68,6 +68,11 @@ describe("cache geometry", function()
       "order must be \"layer_major\" or \"block_major\"")
     S.assert_error_contains(function() mla.cache.new { layout = "fp8_v4", num_blocks = 0 } end, "num_blocks must be an integer >= 1")
     S.assert_error_contains(function() mla.cache.new { layout = "fp9", num_blocks = 1 } end, "no layout 'fp9'")
+    S.assert_error_contains(function() mla.cache.new { layout = "bf16", num_blocks = 1, block_size = 1 << 33 } end,
+      "block_size must be an integer >= 1 and <= 2147483647, got 8589934592")
+    -- the whole cache is held against the device's memory before any layer's buffer exists
+    S.assert_error_contains(function() mla.cache.new { layout = "fp8_v4", num_blocks = 3, block_size = 16, num_layers = 1 << 30, device = "cpu" } end,
+      "cache.new: 1073741824 layers x 3 blocks x 9792 bytes a page = 3.154e+13 bytes, more than the")
     local c = mla.cache.new { layout = "bf16", num_blocks = 1, block_size = 4, num_layers = 2 }
     S.assert_error_contains(function() c:layer(2) end, "layer 2 is not in [0, 2)")
     S.assert_error_contains(function() c:check_bleed(0) end, "no snapshot")

@@ -31,14 +31,30 @@ M.Cache = Cache
 -- read (exact f32), go through the CPU reference on a host copy of the layer.
 M.dispatch = {}
 
-local function int_opt(o, k, def, lo)
+local function int_opt(o, k, def, lo, hi)
   local v = o[k]
   if v == nil then v = def end
   local i = math.tointeger(v)
-  if not i or (lo and i < lo) then
-    error(string.format("cache.new: %s must be an integer >= %d, got %s", k, lo or 0, tostring(v)), 3)
+  if not i or (lo and i < lo) or (hi and i > hi) then
+    error(string.format("cache.new: %s must be an integer >= %d%s, got %s", k, lo or 0,
+      hi and string.format(" and <= %d", hi) or "", tostring(v)), 3)
   end
   return i
+end
+
+-- Bytes of memory the device has (nil when unknown): host RAM from
+-- /proc/meminfo, a GPU's from its properties.
+local function memory_of(dev)
+  local d = dev or core.default_device()
+  if d == "cpu" then
+    local f = io.open("/proc/meminfo", "r")
+    if not f then return nil end
+    local kb = f:read("a"):match("MemTotal:%s*(%d+) kB")
+    f:close()
+    return kb and tonumber(kb) * 1024
+  end
+  local ok, props = pcall(core.device_props, d)
+  return ok and props.total_mem or nil
 end
 
 --- mla.cache.new{layout, num_blocks, block_size = 64, num_layers = 1,
@@ -48,7 +64,7 @@ function M.new(o)
   local L = layout.get(o.layout)
   local c = setmetatable({ layout = L }, Cache)
   c.num_blocks = int_opt(o, "num_blocks", nil, 1)
-  c.block_size = int_opt(o, "block_size", 64, 1)
+  c.block_size = int_opt(o, "block_size", 64, 1, 0x7fffffff) -- descriptors hold it in 32 bits
   c.num_layers = int_opt(o, "num_layers", 1, 1)
   c.page_pad = int_opt(o, "page_pad", 0, 0)
   c.order = o.order or "layer_major"
@@ -62,6 +78,13 @@ function M.new(o)
       c.page_pad, c.page_stride, L.name, L.page_align), 2)
   end
   c.desc = L:packed(c.block_size)
+  -- the whole cache against the device's memory before any buffer exists
+  -- (layer-major buffers are allocated one by one, each of which might fit)
+  local total, mem = c.num_layers * 1.0 * c.num_blocks * c.page_stride, memory_of(o.device)
+  if mem and total > mem then
+    error(string.format("cache.new: %d layers x %d blocks x %d bytes a page = %.4g bytes, more than the %.4g bytes of %s memory",
+      c.num_layers, c.num_blocks, c.page_stride, total, mem, o.device or core.default_device()), 2)
+  end
   c.device = o.device
   if c.order == "layer_major" then
     c.buffers = {}
