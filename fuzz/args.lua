@@ -1,8 +1,8 @@
 -- Argument fuzz of the Lua API (run by .ci/run under ASan + UBSan):
 --   mlalab fuzz/args.lua [--seed N] [--iterations N] [--show]
 -- Builds a valid call of mla.attention.decode or an mla.kernels operation on
--- small CPU caches of every built-in layout (or a tensor method or
--- constructor with random arguments), replaces one or two of its
+-- small CPU caches of every built-in layout (or a tensor method, a
+-- constructor, mla.compare or mla.cache.new with random arguments), replaces one or two of its
 -- arguments with something wrong (another dtype, shape or device, a closed
 -- tensor, negative, huge or NaN values, a table or string for a tensor...)
 -- and calls it. Each call must return or raise a Lua error whose message
@@ -196,6 +196,29 @@ local function tensor_call()
   return "tensor", ctor, { shape, tensor_arg(true), tensor_arg(true) }
 end
 
+-- mla.compare and mla.cache.new with random operands and options.
+local function misc_call()
+  local function operand()
+    local t = small_tensor()
+    if draw(5) == 0 then t:close() end
+    return pick { t, t, nil, 3, "x" }
+  end
+  if draw(2) == 0 then
+    local a = operand()
+    local b = (mla.is_tensor(a) and not a:is_closed() and draw(2) == 0) and a:clone() or operand()
+    local o = pick {
+      nil, "flashmla_dense_decode", "ggml", "quant_roundtrip", "nope",
+      { mode = pick { "exact", "allclose", "cosine", "nmse", "allclose+cosine", "bogus" }, atol = pick { 0, -1, 0 / 0, 1e-3 },
+        rtol = 1e-2, cos = pick { -1, 1e-5 }, first = pick { -1, 0, 5, 1 << 40 } },
+    }
+    return "tensor", mla.compare, { a, b, o }
+  end
+  return "tensor", mla.cache.new, { {
+    layout = pick { "bf16", "fp8_v4", "nope", 3 }, num_blocks = pick { 0, 1, 3, -1, 1 << 40, 0.5 },
+    block_size = pick { 16, 0, 7, -1, 1 << 33 }, num_layers = pick { 1, 2, 0, -3, 1 << 30 },
+    order = pick { "layer_major", "block_major", "x" }, page_pad = pick { 0, 16, -16, 3 }, device = "cpu" } }
+end
+
 -- An error must be a string that names the operation, the one it delegates
 -- to, or the closed tensor it was given.
 local DELEGATES = { gather_referenced = "gather_sparse", attention = "attn_" }
@@ -209,10 +232,11 @@ end
 local calls, raised, bad = 0, 0, {}
 for it = 1, opt.iterations do
   local name, fn, args
-  local family = draw(3)
+  local family = draw(4)
   if family == 0 then name, fn, args = attention_call(it)
   elseif family == 1 then name, fn, args = kernel_call(it)
-  else name, fn, args = tensor_call() end
+  elseif family == 2 then name, fn, args = tensor_call()
+  else name, fn, args = misc_call() end
   if name then
     local ok, err = pcall(fn, table.unpack(args, 1, 4))
     calls = calls + 1
