@@ -221,6 +221,7 @@ describe("kernels.gather_dense", function()
     S.assert_error_contains(function() K.gather_referenced(v, 3) end, "gather_referenced: indices must be an index tensor")
     S.assert_error_contains(function() K.topk_paged(5, { { 0 } }, 4) end, "topk_paged: topk must be a 2-dim index tensor [tokens, k], got number")
     S.assert_error_contains(function() K.topk_ragged(nil, { 0, 1 }) end, "topk_ragged: topk must be a 2-dim index tensor [tokens, k], got nil")
+    S.assert_error_contains(function() K.topk_paged({ { 0 } }, { { 0 } }, 0.5) end, "topk_paged: block_size must be a positive integer, got 0.5")
     S.assert_error_contains(function() K.gather_dense(v, { { 0, 1 } }, mla.tensor({ { 0, 4 } }, "i32")) end,
       "gather_dense: cu_seq_lens must be a 1-dim index tensor of B + 1 entries")
     S.assert_error_contains(function()

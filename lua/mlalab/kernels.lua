@@ -325,6 +325,9 @@ end
 function M.topk_paged(topk, block_table, block_size, opts)
   opts = opts_table("topk_paged", opts)
   topk = topk_tensor("topk_paged", topk)
+  if math.type(block_size) ~= "integer" or block_size < 1 then
+    fail("topk_paged", "block_size must be a positive integer, got %s", tostring(block_size))
+  end
   local dev = topk.device
   local tr, cq = req_args("topk_paged", opts, dev)
   local out, lens = topk_outs(topk, opts)
