@@ -100,8 +100,8 @@ local function need_tensor(fn, v, name, what)
   return v
 end
 
-local function idx_tensor(fn, v, name, dev)
-  if v == nil then return nil end
+local function idx_tensor(fn, v, name, dev, required)
+  if v == nil and not required then return nil end
   if mla.is_tensor(v) then return v end
   if type(v) == "table" then return mla.tensor(v, "i32", dev) end
   fail(fn, "%s must be an index tensor or a list of integers, got %s", name, type(v))
@@ -122,8 +122,7 @@ function M.write(c, slot_mapping, rows, rope, opts)
   if rope ~= nil and not mla.is_tensor(rope) then rope, opts = nil, rope end
   local desc, pages, scale = M.cache_args(c, "write")
   local dev = pages.device
-  slot_mapping = need_tensor("write", idx_tensor("write", slot_mapping, "slot_mapping", dev), "slot_mapping",
-    "an index tensor [T] or a list of integers")
+  slot_mapping = idx_tensor("write", slot_mapping, "slot_mapping", dev, true)
   need_tensor("write", rows, "rows", "a bf16 tensor [T, dim] (or k_nope with rope = k_rope)")
   core.kv_write(desc, pages, scale, slot_mapping, rows, rope)
   after(opts, dev)
@@ -150,7 +149,7 @@ function M.gather_sparse(c, slots, opts)
   opts = opts_table("gather_sparse", opts)
   local desc, pages, scale = M.cache_args(c, "gather_sparse")
   local dev = pages.device
-  slots = need_tensor("gather_sparse", idx_tensor("gather_sparse", slots, "slots", dev), "slots", "an index tensor or a list of integers")
+  slots = idx_tensor("gather_sparse", slots, "slots", dev, true)
   if opts.out ~= nil then need_tensor("gather_sparse", opts.out, "opts.out", "a bf16 tensor [N, ncols]") end
   if slots:dim() ~= 1 then slots = slots:reshape({ slots:numel() }) end
   local out = out_rows("gather_sparse", opts, slots:size(0), desc, dev)
@@ -173,8 +172,8 @@ local function total_rows(fn, cu, bt, desc, opts)
     return n
   end
   if not mla.is_tensor(cu) or cu:dim() ~= 1 or cu:numel() == 0 then fail(fn, "cu_seq_lens must be a 1-dim index tensor of B + 1 entries") end
-  n = math.tointeger(cu:get({ cu:numel() - 1 })) -- reads the device (a sync); pass num_rows to avoid it
   if not mla.is_tensor(bt) or bt:dim() ~= 2 then fail(fn, "block_table must be a 2-dim index tensor [B, max_blocks]") end
+  n = math.tointeger(cu:get({ cu:numel() - 1 })) -- reads the device (a sync); pass num_rows to avoid it
   local cap = bt:size(0) * bt:size(1) * core.layout_unpack(desc).block_size
   if not n or n < 0 or n > cap then
     fail(fn, "cu_seq_lens[B] = %s must be a row count from 0 to the %d tokens the block table holds", tostring(n), cap)
@@ -247,7 +246,7 @@ function M.compact(c, indices, opts)
   opts = opts_table("compact", opts)
   local desc, pages, scale = M.cache_args(c, "compact")
   local dev = pages.device
-  local idx = need_tensor("compact", idx_tensor("compact", indices, "indices", dev), "indices", "an index tensor or a list of integers")
+  local idx = idx_tensor("compact", indices, "indices", dev, true)
   if opts.out == nil then
     if opts.pages or opts.remap or opts.count then
       fail("compact", "pages, remap and count outputs need out (the rows buffer of the capacity mode)")
@@ -281,10 +280,8 @@ end
 -- the shape of indices. Shapes depend only on indices' shape.
 function M.gather_referenced(c, indices, opts)
   opts = opts_table("gather_referenced", opts)
-  if type(indices) == "table" then
-    indices = mla.tensor(indices, "i32", type(c) == "table" and mla.is_tensor(c.pages) and c.pages.device or "cpu")
-  end
-  if not mla.is_tensor(indices) then fail("gather_referenced", "indices must be an index tensor or a list of integers, got %s", type(indices)) end
+  indices = idx_tensor("gather_referenced", indices, "indices",
+    type(c) == "table" and mla.is_tensor(c.pages) and c.pages.device or "cpu", true)
   local flat = indices:reshape({ indices:numel() })
   local o = { out = opts.out, ncols = opts.ncols, remap = opts.remap or true, check = opts.check, fill = opts.fill }
   local rows, remap = M.gather_sparse(c, flat, o)
@@ -315,16 +312,9 @@ end
 -- Row t belongs to request opts.token_req[t], or by opts.cu_q / opts.q_lens
 -- (prefill: each query token of a request), or r = t (decode). opts: out,
 -- dtype ("i32"), lens = true (number of entries >= 0 per row).
--- topk as a 2-dim index tensor (a nested list becomes i32 on the CPU).
-local function topk_tensor(fn, topk)
-  if type(topk) == "table" then topk = mla.tensor(topk, "i32", "cpu") end
-  if not mla.is_tensor(topk) then fail(fn, "topk must be a 2-dim index tensor [tokens, k], got %s", type(topk)) end
-  return topk
-end
-
 function M.topk_paged(topk, block_table, block_size, opts)
   opts = opts_table("topk_paged", opts)
-  topk = topk_tensor("topk_paged", topk)
+  topk = idx_tensor("topk_paged", topk, "topk", "cpu", true)
   if math.type(block_size) ~= "integer" or block_size < 1 then
     fail("topk_paged", "block_size must be a positive integer, got %s", tostring(block_size))
   end
@@ -341,7 +331,7 @@ end
 -- concatenated over requests (idx + cu_k[r], -1 kept). Options as topk_paged.
 function M.topk_ragged(topk, cu_k, opts)
   opts = opts_table("topk_ragged", opts)
-  topk = topk_tensor("topk_ragged", topk)
+  topk = idx_tensor("topk_ragged", topk, "topk", "cpu", true)
   local dev = topk.device
   local tr, cq = req_args("topk_ragged", opts, dev)
   local out, lens = topk_outs(topk, opts)
