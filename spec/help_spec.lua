@@ -46,14 +46,44 @@ describe("mla.help", function()
     has(H.text("bench"), "function M.bench(")
   end)
 
-  it("lists the methods of tensors and other objects, naming C functions as such", function()
+  it("lists the methods of tensors and other objects, C bindings with the doc written beside them", function()
     local t = H.text(mla.zeros({ 2 }, "f32", "cpu"))
     has(t, "tensor(f32, [2], cpu) [0, 0]: methods")
-    has(t, "narrow")
-    has(t, "a C function")
-    has(t, "float           function T:float()")
+    has(t, "narrow          t:narrow(dim, start, length) -> a view")
+    has(t, "float           t:float() -> t:to(\"f32\")")
     has(H.text(mla.layout.get("fp8_v4")), "layout(fp8_v4, 512 dims, 584 B/token, 2 regions): methods")
     has(H.text(42), "42: a number")
+  end)
+
+  it("shows a C binding's whole doc, by value or by name", function()
+    local t = H.text(mla.zeros({ 2 }, "f32", "cpu").copy)
+    has(t, "a C function of the core")
+    has(t, "dst:copy(src[, {saturate=true")
+    has(t, "to NaN / inf as torch's .to does") -- a later line of the doc
+    has(H.text("device_props"), "mla.device_props: a C function of the core\n  mla.device_props([device]) -> ")
+    -- core.doc: nil for Lua functions, undocumented C functions and other values
+    assert.is_nil(mla.core.doc(mla.zeros))
+    assert.is_nil(mla.core.doc(print))
+    assert.is_nil(mla.core.doc(42))
+    has(H.text(print), "a C function of the core, without a doc")
+  end)
+
+  it("has a doc for every entry point and every tensor method", function()
+    -- an undocumented Lua function shows its defining line, a C one "a C function"
+    local function undocumented(text)
+      local bad, n = {}, 0
+      for name, doc in text:gmatch("\n  ([%w_]+) +([^\n]*)") do
+        n = n + 1
+        if doc:match("^function ") or doc:match("^local function ") or doc == "a C function" then bad[#bad + 1] = name end
+      end
+      return table.concat(bad, ", "), n
+    end
+    local bad, n = undocumented(H.text():match("^(.-)\nmodules"))
+    assert.are.equal("", bad)
+    assert.is_true(n >= 25, n .. " entry points listed")
+    bad, n = undocumented(H.text(mla.zeros({ 1 }, "f32", "cpu")))
+    assert.are.equal("", bad)
+    assert.is_true(n >= 40, n .. " tensor methods listed")
   end)
 
   it("names a part that does not exist", function()

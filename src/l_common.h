@@ -47,6 +47,18 @@ const mla_layout_desc *mla_check_layout_desc(lua_State *L, int idx);
  * raises a Lua error naming what is wrong. Returns the tensor's device. */
 int mla_check_cache_view(lua_State *L, const mla_layout_desc *d, int tensor_idx, int scale_idx, mla_cache_view *v);
 
+/* A binding with its doc, the text `help` shows for it: a first line with the
+ * call and what it returns, then what a user needs to know. The doc lives
+ * here, beside the function, so it cannot drift from it. */
+typedef struct mla_doc_reg {
+  const char *name;
+  lua_CFunction fn;
+  const char *doc;
+} mla_doc_reg;
+/* luaL_setfuncs for documented bindings (no upvalues): sets each function
+ * into the table at the top of the stack and records its doc for core.doc. */
+void mla_set_documented(lua_State *L, const mla_doc_reg *r);
+
 /* Module registration: each l_*.c adds its functions to the core table with
  *   MLA_LUA_MODULE(name) { ...fill the table on top of L... }
  * A constructor records the opener, so adding a binding file needs no edit

@@ -25,10 +25,45 @@ static int by_name(const void *a, const void *b) {
   return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
+/* Docs of the C bindings, keyed by the function value: a C function without
+ * upvalues is a light value, equal to itself wherever it is pushed. */
+#define MLA_DOCS_KEY "mlalab.docs"
+
+static void push_docs(lua_State *L) {
+  if (lua_getfield(L, LUA_REGISTRYINDEX, MLA_DOCS_KEY) == LUA_TTABLE) return;
+  lua_pop(L, 1);
+  lua_newtable(L);
+  lua_pushvalue(L, -1);
+  lua_setfield(L, LUA_REGISTRYINDEX, MLA_DOCS_KEY);
+}
+
+void mla_set_documented(lua_State *L, const mla_doc_reg *r) {
+  push_docs(L);
+  for (; r->name; r++) {
+    lua_pushcfunction(L, r->fn);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -4, r->name);
+    lua_pushstring(L, r->doc);
+    lua_rawset(L, -3);
+  }
+  lua_pop(L, 1);
+}
+
+/* core.doc(f) -> the doc of a documented C binding, or nil */
+static int l_doc(lua_State *L) {
+  luaL_checkany(L, 1);
+  if (!lua_iscfunction(L, 1)) return lua_pushnil(L), 1;
+  push_docs(L);
+  lua_pushvalue(L, 1);
+  lua_rawget(L, -2);
+  return 1;
+}
+
 int luaopen_mlalab_core(lua_State *L) {
   qsort(openers, (size_t)nopeners, sizeof openers[0], by_name); /* a stable order whatever the link order */
   lua_newtable(L);
   lua_pushstring(L, MLALAB_VERSION), lua_setfield(L, -2, "version");
+  lua_pushcfunction(L, l_doc), lua_setfield(L, -2, "doc");
   for (int i = 0; i < nopeners; i++) openers[i].fn(L);
   return 1;
 }

@@ -180,10 +180,18 @@ MLA_LUA_MODULE(device) {
   static const luaL_Reg fns[] = {
     {"set_default_device", l_set_default_device}, {"default_device", l_default_device},
     {"device_count", l_device_count},             {"device_status", l_device_status},
-    {"device_props", l_device_props},             {"cuda_versions", l_cuda_versions},
+    {"cuda_versions", l_cuda_versions},
     {"synchronize", l_synchronize},               {"alloc_stats", l_alloc_stats},
     {"empty_cache", l_empty_cache},               {"set_sync", l_set_sync},
     {"last_kernel", l_last_kernel},               {"context_poisoned", l_poisoned},
     {NULL, NULL}};
+  static const mla_doc_reg public_fns[] = {
+    {"device_props", l_device_props,
+     "mla.device_props([device]) -> what a CUDA device is: {name, arch = \"sm_90\", major, minor, sm_count,\n"
+     "total_mem, l2_bytes, max_smem_optin (bytes), sm_clock_khz, mem_clock_khz, bus_width_bits, peak_dram_gbs}\n"
+     "peak_dram_gbs is the formula's peak (2 x memory clock x bus width); the benches' limit is the measured\n"
+     "copy bandwidth (mla.bench_mod.memcpy_bandwidth()). Raises on the cpu."},
+    {NULL, NULL, NULL}};
   luaL_setfuncs(L, fns, 0);
+  mla_set_documented(L, public_fns);
 }

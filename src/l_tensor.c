@@ -627,24 +627,74 @@ static int l_dtype_info(lua_State *L) {
 }
 
 MLA_LUA_MODULE(tensor) {
-  static const luaL_Reg methods[] = {
-    {"size", l_size}, {"stride", l_stride}, {"offset", l_offset}, {"numel", l_numel}, {"dim", l_dim},
-    {"is_contiguous", l_is_contiguous}, {"element_size", l_element_size}, {"nbytes", l_nbytes},
-    {"storage_nbytes", l_storage_nbytes}, {"byte_range", l_byte_range}, {"data_ptr", l_data_ptr},
-    {"same_storage", l_same_storage}, {"is_cuda", l_is_cuda}, {"get_dtype", l_dtype}, {"get_device", l_device},
-    {"narrow", l_narrow}, {"select", l_select}, {"permute", l_permute}, {"transpose", l_transpose},
-    {"view", l_view}, {"reshape", l_reshape}, {"as_strided", l_as_strided},
-    {"copy", l_copy_}, {"to", l_to}, {"clone", l_clone}, {"contiguous", l_contiguous}, {"fill", l_fill_},
-    {"random_", l_random_}, {"get", l_get}, {"set", l_set}, {"item", l_item}, {"totable", l_totable},
-    {"equal", l_equal}, {"close", l_close}, {"is_closed", l_is_closed},
-    {NULL, NULL}};
+  /* Sizes, strides and offsets count elements; dims and coordinates count from 0 and may be negative (from the end). */
+  static const mla_doc_reg methods[] = {
+    {"size", l_size, "t:size([dim]) -> {sizes} or one size (also t.shape)"},
+    {"stride", l_stride, "t:stride([dim]) -> {strides} or one stride, in elements (also t.strides)"},
+    {"offset", l_offset, "t:offset() -> the storage offset of element 0, in elements"},
+    {"numel", l_numel, "t:numel() -> the number of elements"},
+    {"dim", l_dim, "t:dim() -> the number of dims (also t.ndim)"},
+    {"is_contiguous", l_is_contiguous, "t:is_contiguous() -> true when the strides are row-major with no gaps"},
+    {"element_size", l_element_size, "t:element_size() -> bytes an element (0.5 for e2m1)"},
+    {"nbytes", l_nbytes, "t:nbytes() -> bytes the elements hold (numel x bits / 8, rounded up)"},
+    {"storage_nbytes", l_storage_nbytes, "t:storage_nbytes() -> bytes of the whole storage the view lies in"},
+    {"byte_range", l_byte_range,
+     "t:byte_range() -> lo, hi: the bytes of the storage the view can touch, [lo, hi)\n"
+     "From the offset to one past the last element; a view's bounds check is hi <= storage_nbytes."},
+    {"data_ptr", l_data_ptr, "t:data_ptr() -> the address of element 0 as an integer (a device address on a GPU)\n"
+     "Raises for an e2m1 view that starts in the middle of a byte."},
+    {"same_storage", l_same_storage, "t:same_storage(u) -> true when both views lie in one storage"},
+    {"is_cuda", l_is_cuda, "t:is_cuda() -> true on a GPU"},
+    {"get_dtype", l_dtype, "t:get_dtype() -> the dtype's name, e.g. \"bf16\" (also t.dtype)"},
+    {"get_device", l_device, "t:get_device() -> \"cpu\" or \"cuda:N\" (also t.device)"},
+    {"narrow", l_narrow, "t:narrow(dim, start, length) -> a view of `length` entries of dim from `start`"},
+    {"select", l_select, "t:select(dim, i) -> a view with dim removed, at index i"},
+    {"permute", l_permute, "t:permute({d0, d1, ...}) -> a view with the dims in that order"},
+    {"transpose", l_transpose, "t:transpose(a, b) -> a view with dims a and b swapped"},
+    {"view", l_view,
+     "t:view(shape) or t:view(dtype) -> a view of the same elements in another shape, or of the same bytes as another dtype\n"
+     "The shape must be reachable without a copy (else use reshape); a dtype view rescales the last dim and the strides,\n"
+     "which needs the last dim contiguous. One size may be -1."},
+    {"reshape", l_reshape, "t:reshape(shape) -> a view when the strides allow one, else a contiguous copy"},
+    {"as_strided", l_as_strided,
+     "t:as_strided(sizes, strides[, offset]) -> a view with these sizes, strides and storage offset (elements)\n"
+     "Checked against the storage's bytes: no view reaches past its storage."},
+    {"copy", l_copy_,
+     "dst:copy(src[, {saturate=true, ue8m0_round=\"up\"|\"zero\"}]) -> dst: element-wise copy between any views,\n"
+     "devices and dtypes, converting as CUDA's intrinsics do (fp8 satfinite unless saturate = false, which overflows\n"
+     "to NaN / inf as torch's .to does; ue8m0 rounds up unless ue8m0_round = \"zero\"). Shapes must match."},
+    {"to", l_to,
+     "t:to(dtype | device | {dtype=, device=, saturate=, ue8m0_round=}) -> a new contiguous tensor\n"
+     "(t itself when neither changes); conversions as in copy."},
+    {"clone", l_clone, "t:clone() -> a contiguous copy on the same device"},
+    {"contiguous", l_contiguous, "t:contiguous() -> t when it is contiguous and byte-aligned, else a contiguous copy"},
+    {"fill", l_fill_, "t:fill(v) -> t, every element of the view set to v (converted to the dtype)"},
+    {"random_", l_random_,
+     "t:random_(kind, seed[, a, b]) -> t, the view filled from the counter-based RNG in place\n"
+     "kind \"uniform\" in [a, b), \"normal\" with mean a and std b, \"bits\" raw random bits; the same seed gives the\n"
+     "same bits on the CPU and a GPU. See also uniform_, normal_, random_bytes_."},
+    {"get", l_get, "t:get(i | {i0, i1, ...}) -> one element as a Lua number (an integer for integer dtypes)"},
+    {"set", l_set, "t:set(i | {i0, i1, ...}, v) -> t, one element set to v (converted to the dtype)"},
+    {"item", l_item, "t:item() -> the value of a one-element tensor"},
+    {"totable", l_totable, "t:totable([limit = 2^24]) -> nested Lua tables of the elements (raises above limit elements)"},
+    {"equal", l_equal, "t:equal(u) -> true when dtype, shape and every element's bits are the same (NaN equals its own bits)"},
+    {"close", l_close,
+     "t:close(): frees the tensor's hold on its storage now instead of at garbage collection\n"
+     "(a `local t <close>` does it at the end of the block); a closed tensor raises when used."},
+    {"is_closed", l_is_closed, "t:is_closed() -> true after close"},
+    {NULL, NULL, NULL}};
   static const luaL_Reg fns[] = {
-    {"empty", l_empty}, {"full", l_full}, {"arange", l_arange}, {"random", l_random}, {"tensor", l_tensor},
-    {"is_tensor", l_is_tensor}, {"dtype_info", l_dtype_info}, {NULL, NULL}};
+    {"empty", l_empty}, {"full", l_full}, {"arange", l_arange}, {"random", l_random}, {"tensor", l_tensor}, {NULL, NULL}};
+  static const mla_doc_reg public_fns[] = {
+    {"is_tensor", l_is_tensor, "mla.is_tensor(x) -> true when x is a tensor (closed or not)"},
+    {"dtype_info", l_dtype_info,
+     "mla.dtype_info(name) -> {name, bits, is_float, is_signed, id} of a dtype\n"
+     "dtypes: u8 i8 u16 i16 i32 i64 f16 bf16 f32 f64 e4m3 e5m2 ue8m0 e2m1"},
+    {NULL, NULL, NULL}};
 
   luaL_newmetatable(L, MLA_TENSOR_MT);
   lua_newtable(L); /* methods */
-  luaL_setfuncs(L, methods, 0);
+  mla_set_documented(L, methods);
   lua_pushvalue(L, -1);
   lua_setfield(L, -4, "Tensor"); /* core.Tensor = methods: the Lua library adds more */
   lua_pushcclosure(L, l_index, 1);
@@ -655,4 +705,5 @@ MLA_LUA_MODULE(tensor) {
   lua_setfield(L, -3, "Tensor_mt");
   lua_pop(L, 1);
   luaL_setfuncs(L, fns, 0);
+  mla_set_documented(L, public_fns);
 }

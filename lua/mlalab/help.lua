@@ -108,10 +108,16 @@ local function module_names()
   return names
 end
 
+-- The doc of a C binding, written beside it in src/l_*.c (core.doc), or nil.
+local function c_doc(f)
+  local ok, core = pcall(require, "mlalab.core")
+  return ok and type(core.doc) == "function" and core.doc(f) or nil
+end
+
 local function first_doc_line(f)
   if type(f) ~= "function" then return type(f) end
   local path, lines, n = source_of(f)
-  if not path then return "a C function" end
+  if not path then return c_doc(f) and c_doc(f):match("^[^\n]*") or "a C function" end
   local doc = comment_above(lines, n)
   for _, l in ipairs(doc) do
     if l:match("%S") then return l end
@@ -131,7 +137,9 @@ end
 local function function_text(f, name)
   local path, lines, n = source_of(f)
   if not path then
-    return (name or "this function") .. ": a C function of the core (src/l_*.c documents its bindings)\n"
+    local doc = c_doc(f)
+    if doc then return (name and name .. ": " or "") .. "a C function of the core\n  " .. doc:gsub("\n", "\n  ") .. "\n" end
+    return (name or "this function") .. ": a C function of the core, without a doc\n"
   end
   local out = { string.format("%s:%d: %s", path, n, (lines[n]:gsub("^%s+", ""))) }
   for _, l in ipairs(comment_above(lines, n)) do out[#out + 1] = "  " .. l end

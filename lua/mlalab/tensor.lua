@@ -12,8 +12,11 @@ return function(mla, core)
 
   --- mla.empty(shape, dtype|opts, device): uninitialised contiguous tensor.
   function mla.empty(shape, a, b) return core.empty(shape, opts_of(a, b)) end
+  --- mla.zeros(shape, dtype|opts, device): a contiguous tensor of zeros (f32 on the default device by default)
   function mla.zeros(shape, a, b) return core.full(shape, 0, opts_of(a, b)) end
+  --- mla.ones(shape, dtype|opts, device): a contiguous tensor of ones
   function mla.ones(shape, a, b) return core.full(shape, 1, opts_of(a, b)) end
+  --- mla.full(shape, v, dtype|opts, device): a contiguous tensor with every element v
   function mla.full(shape, v, a, b) return core.full(shape, v, opts_of(a, b)) end
   --- mla.arange(n, dtype|opts, device): 0..n-1 (i64 by default)
   function mla.arange(n, a, b) return core.arange(n, opts_of(a, b)) end
@@ -26,8 +29,11 @@ return function(mla, core)
   -- MLALAB_SEED (or mla.manual_seed) alone.
   local base_seed = tonumber(os.getenv("MLALAB_SEED") or "") or 0x5eed
   local draws = 0
+  --- mla.manual_seed(s): restart the seed stream from base seed s (an integer)
   function mla.manual_seed(s) base_seed, draws = math.tointeger(s) or error("manual_seed: integer expected"), 0 end
+  --- mla.seed() -> the base seed (MLALAB_SEED, or the last manual_seed)
   function mla.seed() return base_seed end
+  --- mla.next_seed() -> the stream's next seed (what a random call without `seed` takes)
   function mla.next_seed()
     draws = draws + 1
     -- splitmix64 step: distinct, well-mixed seeds for consecutive draws
@@ -49,23 +55,34 @@ return function(mla, core)
   --- mla.random_bytes(shape, {seed=, dtype="u8", device=}): raw random bits in every element
   function mla.random_bytes(shape, o) return rng("bits", shape, o, 0, 0, "_", "_") end
 
-  --- t:uniform_(lo, hi, seed), t:normal_(mean, std, seed), t:random_bytes_(seed): fill a view in place
+  --- t:uniform_(lo = 0, hi = 1[, seed]) -> t, the view filled in place with uniform draws in [lo, hi)
   function T:uniform_(lo, hi, seed) return self:random_("uniform", seed or mla.next_seed(), lo or 0, hi or 1) end
+  --- t:normal_(mean = 0, std = 1[, seed]) -> t, the view filled in place with normal draws
   function T:normal_(mean, std, seed) return self:random_("normal", seed or mla.next_seed(), mean or 0, std or 1) end
+  --- t:random_bytes_([seed]) -> t, every element's bits random (NaN and inf among them for float dtypes)
   function T:random_bytes_(seed) return self:random_("bits", seed or mla.next_seed()) end
+  --- t:zero_() -> t, every element set to 0
   function T:zero_() return self:fill(0) end
+  --- t:cpu() -> t:to("cpu")
   function T:cpu() return self:to("cpu") end
+  --- t:cuda([n]) -> t:to("cuda:n"), or to the first GPU
   function T:cuda(n) return self:to(n and ("cuda:" .. n) or "cuda") end
+  --- t:float() -> t:to("f32")
   function T:float() return self:to("f32") end
+  --- t:double() -> t:to("f64")
   function T:double() return self:to("f64") end
   --- t:save_npy(path): mla.npy.save(path, t)
   function T:save_npy(path) return mla.npy.save(path, self) end
 
   -- Devices ------------------------------------------------------------------
 
+  --- mla.device() -> the default device: "cpu" or "cuda:N" (--device, MLALAB_DEVICE, else cuda:0 when usable)
   function mla.device() return core.default_device() end
+  --- mla.set_device(d): the default device from now on ("cpu", "cuda", "cuda:N")
   function mla.set_device(d) core.set_default_device(d) end
+  --- mla.has_cuda() -> true when a CUDA device is usable
   function mla.has_cuda() return core.device_count() > 0 end
+  --- mla.synchronize([device]): wait for the device's work (a fault raises naming the kernel)
   function mla.synchronize(d) core.synchronize(d) end
   mla.device_props = core.device_props
   mla.dtype_info = core.dtype_info
