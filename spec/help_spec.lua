@@ -86,6 +86,13 @@ describe("mla.help", function()
     assert.is_true(n >= 40, n .. " tensor methods listed")
   end)
 
+  it("documents the JIT kernel handle's C methods (core.RtcKernel)", function()
+    local t = H.text(mla.core.RtcKernel)
+    for _, m in ipairs { "launch", "params", "attributes", "time_raw_launches" } do has(t, "  " .. m .. " ") end
+    assert.is_nil(t:find("a C function", 1, true), t)
+    has(H.text(mla.core.RtcKernel.launch), "k:launch{grid=, block=, args={...}")
+  end)
+
   it("names a part that does not exist", function()
     local ok, err = pcall(H.text, "attention.nope")
     assert.is_false(ok)
@@ -97,5 +104,16 @@ describe("mla.help", function()
     assert.are.equal(0, r.exit_code, r.stderr)
     has(r.stdout, "function M.last_variant()")
     has(r.stdout, "What the last baked launch ran")
+  end)
+end)
+
+describe("mla.help on the GPU #gpu", function()
+  it("lists a loaded JIT kernel's methods with their docs", function()
+    local m = mla.rtc.compile { source = 'extern "C" __global__ void fill1(float *x, int n) { if ((int)threadIdx.x < n) x[threadIdx.x] = 1; }',
+      name = "help_fill1.cu" }
+    local t = H.text(m:kernel("fill1"))
+    has(t, ": methods")
+    has(t, "launch             k:launch{grid=")
+    has(t, "signature          k:signature()")
   end)
 end)

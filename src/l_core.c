@@ -52,7 +52,10 @@ void mla_set_documented(lua_State *L, const mla_doc_reg *r) {
 /* core.doc(f) -> the doc of a documented C binding, or nil */
 static int l_doc(lua_State *L) {
   luaL_checkany(L, 1);
-  if (!lua_iscfunction(L, 1)) return lua_pushnil(L), 1;
+  if (!lua_iscfunction(L, 1)) {
+    lua_pushnil(L);
+    return 1;
+  }
   push_docs(L);
   lua_pushvalue(L, 1);
   lua_rawget(L, -2);

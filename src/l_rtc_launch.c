@@ -256,8 +256,6 @@ static int launch_cfg(lua_State *L, int cfg, mla_rtc_launch_cfg *c, int first_de
   return 0;
 }
 
-/* kernel:launch{grid=, block=, cluster=, shared_mem=0, stream=, device=, args={...}}; cluster: a thread
- * block cluster shape (number or {x, y, z}, sm_90+) */
 static int l_kernel_launch(lua_State *L) {
   mla_rtc_kernel *k = check_kernel(L, 1);
   luaL_checktype(L, 2, LUA_TTABLE);
@@ -281,8 +279,6 @@ static int l_kernel_launch(lua_State *L) {
   return 0;
 }
 
-/* kernel:time_raw_launches(n, cfg) -> seconds: n bare cudaLaunchKernel calls with the
- * arguments of the last launch (the baseline of bench/rtc_bench.lua) */
 static int l_kernel_time_raw(lua_State *L) {
   mla_rtc_kernel *k = check_kernel(L, 1);
   lua_Integer n = luaL_checkinteger(L, 2);
@@ -332,7 +328,6 @@ static void push_params(lua_State *L, const mla_rtc_param *ps, int n) {
   }
 }
 
-/* kernel:params([device]) -> { {offset=, size=, kind=, type=}, ... } as the device reports them */
 static int l_kernel_params(lua_State *L) {
   mla_rtc_kernel *k = check_kernel(L, 1);
   int dev = lua_isnoneornil(L, 2) ? mla_default_device(L) : mla_check_device(L, 2);
@@ -342,7 +337,6 @@ static int l_kernel_params(lua_State *L) {
   return 1;
 }
 
-/* kernel:attributes([device]) -> {registers=, max_threads=, static_shared_mem=, local_bytes=} */
 static int l_kernel_attributes(lua_State *L) {
   mla_rtc_kernel *k = check_kernel(L, 1);
   int dev = lua_isnoneornil(L, 2) ? mla_default_device(L) : mla_check_device(L, 2);
@@ -435,11 +429,21 @@ static int l_rtc_scalar_bytes(lua_State *L) {
 }
 
 MLA_LUA_MODULE(rtc_launch) {
-  static const luaL_Reg kernel_methods[] = {{"launch", l_kernel_launch},
-                                            {"params", l_kernel_params},
-                                            {"attributes", l_kernel_attributes},
-                                            {"time_raw_launches", l_kernel_time_raw},
-                                            {NULL, NULL}};
+  static const mla_doc_reg kernel_methods[] = {
+    {"launch", l_kernel_launch,
+     "k:launch{grid=, block=, args={...}, cluster=, shared_mem=0, device=, stream=}: one launch, checked first\n"
+     "grid, block, cluster: a number or {x, y, z} (cluster: a thread-block cluster shape, sm_90+). args: tensors\n"
+     "(their element 0's address), integers, floats, booleans and byte strings (rtc.f16 / rtc.bf16 for 2-byte\n"
+     "floats), matched to the parameters as the device declares them; a mismatch raises naming the parameter.\n"
+     "device: that of the first CUDA tensor argument, else the default; stream: the device's stream."},
+    {"params", l_kernel_params,
+     "k:params([device]) -> { {offset=, size=, kind=, type=}, ... }: the parameters as the device reports them"},
+    {"attributes", l_kernel_attributes,
+     "k:attributes([device]) -> {registers=, max_threads=, static_shared_mem=, local_bytes=} (local_bytes: local memory a thread, spills and local arrays)"},
+    {"time_raw_launches", l_kernel_time_raw,
+     "k:time_raw_launches(n, {grid=, block=, ...}) -> seconds: n bare cudaLaunchKernel calls with the last\n"
+     "launch's arguments (the launch-overhead baseline of bench/rtc_bench.lua)"},
+    {NULL, NULL, NULL}};
   static const luaL_Reg fns[] = {
     {"rtc_load", l_rtc_load},             {"rtc_kernel", l_rtc_kernel},
     {"rtc_rebind", l_rtc_rebind},         {"rtc_signature", l_rtc_signature},
@@ -453,7 +457,7 @@ MLA_LUA_MODULE(rtc_launch) {
 
   luaL_newmetatable(L, KERNEL_MT);
   lua_newtable(L);
-  luaL_setfuncs(L, kernel_methods, 0);
+  mla_set_documented(L, kernel_methods);
   lua_pushvalue(L, -1);
   lua_setfield(L, -4, "RtcKernel"); /* core.RtcKernel: rtc.lua adds Lua methods */
   lua_pushcclosure(L, l_kernel_index, 1);

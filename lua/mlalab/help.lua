@@ -219,7 +219,9 @@ function M.text(x, name)
   end
   if type(x) == "userdata" then
     local mt = getmetatable(x)
-    local methods = type(mt) == "table" and mt.__name == "mlalab.Tensor" and require("mlalab.core").Tensor
+    -- the core's objects index their methods through a function; core.<Name> is that table
+    local name = type(mt) == "table" and type(mt.__name) == "string" and mt.__name:match("^mlalab%.(%w+)$")
+    local methods = name and type(require("mlalab.core")[name]) == "table" and require("mlalab.core")[name]
       or type(mt) == "table" and type(mt.__index) == "table" and mt.__index
     if methods then return members_text(methods, tostring(x) .. ": methods") end
   end
