@@ -2,7 +2,8 @@
 --   mlalab fuzz/args.lua [--seed N] [--iterations N] [--show]
 -- Builds a valid call of mla.attention.decode or an mla.kernels operation on
 -- small CPU caches of every built-in layout (or a tensor method, a
--- constructor, mla.compare or mla.cache.new with random arguments), replaces one or two of its
+-- constructor, mla.compare or mla.cache.new with random arguments, or
+-- mla.layout.define on a built-in description made wrong), replaces one or two of its
 -- arguments with something wrong (another dtype, shape or device, a closed
 -- tensor, negative, huge or NaN values, a table or string for a tensor...)
 -- and calls it. Each call must return or raise a Lua error whose message
@@ -220,6 +221,69 @@ local function misc_call()
     order = pick { "layer_major", "block_major", "x" }, page_pad = pick { 0, 16, -16, 3 }, device = "cpu" } }
 end
 
+-- mla.layout.define on a built-in description with one to three parts made
+-- wrong (a value replaced, a key dropped, an item added), anywhere in its
+-- tree. Its errors must name the layout; what it accepts must then serve a
+-- CPU cache: a page poisoned, three rows written by the reference and read
+-- back, a JIT header generated (each raising only errors that name the op).
+local BUILTIN_SPECS = require "mlalab.layout_builtins"
+local WRONG_VALUES = { -1, 0, 1, 3, 7, 16, 1 << 40, 0.5, 0 / 0, "x", "", {}, true, "e4m3", "ue8m0", "e2m1", "f32", "bf16",
+  "pow2", "amax", "tensor", "scale", "nope", "nope.scale", "rope", { pad = 1 }, { align = 16 }, { "rope", at = 3 },
+  { dtype = "f32", group = 3 }, { name = "r", row = { "nope" } } }
+
+local function deep_copy(t)
+  if type(t) ~= "table" then return t end
+  local o = {}
+  for k, v in pairs(t) do o[k] = deep_copy(v) end
+  return o
+end
+
+-- Every table of a description with the keys it holds: the places to mutate.
+local function places(t, out)
+  out[#out + 1] = t
+  local ks = {}
+  for k, v in pairs(t) do
+    if type(v) == "table" then ks[#ks + 1] = k end
+  end
+  table.sort(ks, function(a, b) return tostring(a) < tostring(b) end)
+  for _, k in ipairs(ks) do places(t[k], out) end
+  return out
+end
+
+local function mutate(spec)
+  local at = pick(places(spec, {}))
+  local ks = {}
+  for k in pairs(at) do ks[#ks + 1] = k end
+  table.sort(ks, function(a, b) return tostring(a) < tostring(b) end)
+  local what = draw(3)
+  if what == 0 and #ks > 0 then at[pick(ks)] = nil -- dropped (an array may get a hole)
+  elseif what == 1 then at[#at + 1] = deep_copy(pick(WRONG_VALUES)) -- an item added
+  elseif #ks > 0 then at[pick(ks)] = deep_copy(pick(WRONG_VALUES)) end
+end
+
+local function layout_call(it)
+  local spec = deep_copy(pick(BUILTIN_SPECS))
+  spec.name = "fuzz_" .. it
+  for _ = 1, 1 + draw(3) do mutate(spec) end
+  return "layout", function()
+    local L = mla.layout.define(spec)
+    -- accepted: it must serve a CPU cache as a built-in does
+    local bs = pick { 1, 4, 16, 64 }
+    local c = mla.cache.new { layout = L, num_blocks = 3, block_size = bs, device = "cpu", tensor_scale = 0.25 }
+    local v = c:view(0)
+    v.pages:random_("bits", it)
+    local slots = mla.tensor({ 0, bs + 1, 3 * bs - 1 }, "i64", "cpu")
+    local rows = mla.randn({ 3, L.dim }, { std = 2, dtype = "bf16", device = "cpu", seed = it })
+    -- an error here must name its operation (a table is no name: the run fails on it)
+    for _, step in ipairs { { "write", function() K.write(v, slots, rows) end },
+      { "gather_sparse", function() K.gather_sparse(v, slots:to("i32")) end },
+      { "layout_header", function() mla.rtc.layout_header(L, bs) end } } do
+      local op, ok, err = step[1], pcall(step[2])
+      if not ok and not (type(err) == "string" and err:find(op, 1, true)) then error({ op .. ": " .. tostring(err) }, 0) end
+    end
+  end, {}
+end
+
 -- An error must be a string that names the operation, the one it delegates
 -- to, or the closed tensor it was given.
 local DELEGATES = { gather_referenced = "gather_sparse", attention = "attn_" }
@@ -231,23 +295,33 @@ local function names_op(msg, name)
 end
 
 local calls, raised, bad = 0, 0, {}
+local per = {} -- operation -> {calls, returned}
 for it = 1, opt.iterations do
   local name, fn, args
-  local family = draw(4)
+  local family = draw(5)
   if family == 0 then name, fn, args = attention_call(it)
   elseif family == 1 then name, fn, args = kernel_call(it)
   elseif family == 2 then name, fn, args = tensor_call()
+  elseif family == 3 then name, fn, args = layout_call(it)
   else name, fn, args = misc_call() end
   if name then
     local ok, err = pcall(fn, table.unpack(args, 1, 4))
     calls = calls + 1
+    per[name] = per[name] or { 0, 0 }
+    per[name][1], per[name][2] = per[name][1] + 1, per[name][2] + (ok and 1 or 0)
     if not ok then
       raised = raised + 1
       if opt.show then print(name, err) end
-      if not names_op(err, name) then bad[#bad + 1] = string.format("%s (iteration %d): %s", name, it, tostring(err)) end
+      if not names_op(err, name) then bad[#bad + 1] = string.format("%s (iteration %d): %s", name, it,
+        type(err) == "table" and tostring(err[1]) or tostring(err)) end
     end
   end
 end
 print(string.format("fuzz/args.lua: seed %d, %d calls, %d raised, %d errors that name nothing", opt.seed, calls, raised, #bad))
+local names = {}
+for n in pairs(per) do names[#names + 1] = n end
+table.sort(names)
+for k, n in ipairs(names) do names[k] = string.format("%s %d/%d", n, per[n][2], per[n][1]) end
+print("  returned / called: " .. table.concat(names, ", "))
 for k = 1, math.min(#bad, 20) do print("  " .. bad[k]) end
 if #bad > 0 then os.exit(1) end
