@@ -93,6 +93,21 @@ describe("mla.help", function()
     has(H.text(mla.core.RtcKernel.launch), "k:launch{grid=, block=, args={...}")
   end)
 
+  it("finds every module and documented function that mentions a word, C bindings included", function()
+    local t = H.find_text("UE8M0") -- any case
+    has(t, "layout (module)")
+    has(t, "C Tensor: copy")
+    has(t, "dst:copy(src[, {saturate=true")
+    assert.is_nil(t:find("M.find", 1, true), "help.find lists itself:\n" .. t)
+    local n = tonumber(t:match("(%d+) match"))
+    assert.is_true(n >= 4, t)
+    has(H.find_text("region_offset"), "layout: M.region_offset")
+    has(H.find_text("zzz-no-such-word"), "help.find: nothing documented mentions 'zzz-no-such-word'")
+    local ok, err = pcall(H.find_text, 42)
+    assert.is_false(ok)
+    has(err, "help.find: a word to look for is expected")
+  end)
+
   it("names a part that does not exist", function()
     local ok, err = pcall(H.text, "attention.nope")
     assert.is_false(ok)
@@ -100,10 +115,12 @@ describe("mla.help", function()
   end)
 
   it("prints when called, and is the REPL's help", function()
-    local r = mla.core.spawn { argv = { S.BIN, "-i" }, input = "help 'attention.last_variant'\n", timeout = 60 }
+    local r = mla.core.spawn { argv = { S.BIN, "-i" }, input = "help 'attention.last_variant'\nhelp.find 'region_offset'\n",
+      timeout = 60 }
     assert.are.equal(0, r.exit_code, r.stderr)
     has(r.stdout, "function M.last_variant()")
     has(r.stdout, "What the last baked launch ran")
+    has(r.stdout, "layout: M.region_offset")
   end)
 end)
 

@@ -417,11 +417,13 @@ static void doREPL(lua_State *L) {
   lua_pushstring(L, "mlalab");
   if (docall(L, 1, 1) == LUA_OK) lua_setglobal(L, "mla");
   else report(L, LUA_ERRRUN);
-  /* help(x): the library's doc comments (lua/mlalab/help.lua), loaded on first call */
-  if (luaL_loadstring(L, "help = help or function(...) return mla.help(...) end") != LUA_OK || docall(L, 0, 0) != LUA_OK)
+  /* help(x), help.find(word): the library's doc comments (lua/mlalab/help.lua), loaded on first use */
+  if (luaL_loadstring(L, "help = help or setmetatable({}, {__call = function(_, ...) return mla.help(...) end, "
+                         "__index = function(_, k) return mla.help[k] end})") != LUA_OK ||
+      docall(L, 0, 0) != LUA_OK)
     report(L, LUA_ERRRUN);
   if (isatty(0)) {
-    static const char hint[] = "help() lists the library; help(x) describes x\n";
+    static const char hint[] = "help() lists the library; help(x) describes x; help.find(word) searches it\n";
     lua_writestring(hint, sizeof hint - 1);
   }
   int status;

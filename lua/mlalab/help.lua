@@ -6,6 +6,7 @@
 --   help(mla.attention.decode)  a function: where it is defined, the line
 --   help("attention.decode")      that defines it and its whole doc comment
 --   help(t)                     a tensor, layout or other object: its methods
+--   help.find "ue8m0"           every module and documented function that mentions a word
 -- In the REPL `help` is the same function. mla.help.text(x) returns the text
 -- instead of printing it.
 local M = {}
@@ -227,5 +228,59 @@ function M.text(x, name)
   end
   return string.format("%s: a %s\n", tostring(x), type(x))
 end
+
+--- mla.help.find_text(word) -> text: every module and documented function of
+-- the library whose name or doc mentions `word` (plain text, any case), one
+-- line each: where it is defined and its doc's first line; the C bindings'
+-- docs too. mla.help.find(word) prints it (in the REPL: help.find "ue8m0").
+function M.find_text(word)
+  if type(word) ~= "string" or word == "" then error("help.find: a word to look for is expected", 2) end
+  local needle = word:lower()
+  local hits = {}
+  local function consider(where, name, doc)
+    local text = (name .. "\n" .. table.concat(doc, "\n")):lower()
+    if text:find(needle, 1, true) then
+      local first = ""
+      for _, l in ipairs(doc) do
+        if l:match("%S") then first = l; break end
+      end
+      hits[#hits + 1] = string.format("  %-34s %s", where .. " " .. name, first)
+    end
+  end
+  for _, mod in ipairs(module_names()) do
+    local lines = lines_of(module_path(mod)) or {}
+    consider(mod, "(module)", header_of(lines))
+    for n, l in ipairs(lines) do
+      local name = l:match("^%s*function%s+([%w_%.:]+)%s*%(") or l:match("^%s*([%w_%.]+)%s*=%s*function%s*%(")
+      if name and not l:match("^%s*local ") and not (mod == "help" and name:match("^M%.find")) then
+        local doc = comment_above(lines, n)
+        if #doc > 0 then consider(mod .. ":", name, doc) end
+      end
+    end
+  end
+  local core = require "mlalab.core"
+  local seen = {}
+  local function c_table(where, t)
+    for _, k in ipairs(sorted_keys(t)) do
+      local f = rawget(t, k)
+      local doc = type(f) == "function" and not seen[f] and c_doc(f)
+      if doc then
+        seen[f] = true
+        local lines = {}
+        for l in doc:gmatch("[^\n]+") do lines[#lines + 1] = l end
+        consider(where, k, lines)
+      end
+    end
+  end
+  c_table("C:", require "mlalab")
+  for _, obj in ipairs { "Tensor", "RtcKernel" } do
+    if type(core[obj]) == "table" then c_table("C " .. obj .. ":", core[obj]) end
+  end
+  if #hits == 0 then return string.format("help.find: nothing documented mentions '%s'\n", word) end
+  return string.format("help.find '%s': %d match%s\n", word, #hits, #hits == 1 and "" or "es") .. table.concat(hits, "\n") .. "\n"
+end
+
+--- mla.help.find(word): prints mla.help.find_text(word).
+function M.find(word) io.write(M.find_text(word)) end
 
 return setmetatable(M, { __call = function(_, x) io.write(M.text(x)) end })
