@@ -68,7 +68,7 @@ describe("mla.help", function()
     has(H.text(print), "a C function of the core, without a doc")
   end)
 
-  it("has a doc for every entry point and every tensor method", function()
+  it("has a doc for every entry point, every module's functions and every tensor method", function()
     -- an undocumented Lua function shows its defining line, a C one "a C function"
     local function undocumented(text)
       local bad, n = {}, 0
@@ -84,6 +84,15 @@ describe("mla.help", function()
     bad, n = undocumented(H.text(mla.zeros({ 1 }, "f32", "cpu")))
     assert.are.equal("", bad)
     assert.is_true(n >= 40, n .. " tensor methods listed")
+    local modules, all_bad = 0, {}
+    for line in H.text():match("\nmodules[^\n]*\n(.*)$"):gmatch("[^\n]+") do
+      local mod = assert(line:match("^  ([%w_]+) "), line)
+      modules = modules + 1
+      bad = undocumented(H.text(mod))
+      if bad ~= "" then all_bad[#all_bad + 1] = mod .. ": " .. bad end
+    end
+    assert.is_true(modules >= 30, modules .. " modules listed")
+    assert.are.equal("", table.concat(all_bad, "; "))
   end)
 
   it("documents the JIT kernel handle's C methods (core.RtcKernel)", function()

@@ -375,8 +375,6 @@ static int l_rtc_check_cluster(lua_State *L) {
   return 1;
 }
 
-/* core.rtc_pack_args(sig, args [, param_names [, kernel_name]]) -> packed parameter bytes: the
- * launch's checks (mla_rtc_pack_arg, the same code) without a GPU */
 static int l_rtc_pack_args(lua_State *L) {
   mla_rtc_param ps[MAX_ARGS];
   int np = mla_rtc_parse_signature(luaL_checkstring(L, 1), ps, MAX_ARGS);
@@ -447,10 +445,16 @@ MLA_LUA_MODULE(rtc_launch) {
   static const luaL_Reg fns[] = {
     {"rtc_load", l_rtc_load},             {"rtc_kernel", l_rtc_kernel},
     {"rtc_rebind", l_rtc_rebind},         {"rtc_signature", l_rtc_signature},
-    {"rtc_pack_args", l_rtc_pack_args},   {"rtc_check_cluster", l_rtc_check_cluster},   {"rtc_scalar_bytes", l_rtc_scalar_bytes},
+    {"rtc_check_cluster", l_rtc_check_cluster},   {"rtc_scalar_bytes", l_rtc_scalar_bytes},
     {"rtc_cache_view", l_rtc_cache_view}, {"rtc_time_baked_launches", l_rtc_time_baked},
     {NULL, NULL}};
 
+  static const mla_doc_reg documented_fns[] = {
+    {"rtc_pack_args", l_rtc_pack_args,
+     "rtc.pack_args(sig, args[, param_names[, kernel_name]]) -> the packed parameter bytes (a string)\n"
+     "sig: a PTX parameter signature, as m:kernels()[i].signature gives it; the launch's own checks on each argument\n"
+     "(the same code), without a GPU: a mismatch raises naming the kernel and the parameter."},
+    {NULL, NULL, NULL}};
   luaL_newmetatable(L, LIBRARY_MT);
   lua_pushcfunction(L, l_library_gc), lua_setfield(L, -2, "__gc");
   lua_pop(L, 1);
@@ -467,4 +471,5 @@ MLA_LUA_MODULE(rtc_launch) {
   lua_pop(L, 1);
 
   luaL_setfuncs(L, fns, 0);
+  mla_set_documented(L, documented_fns);
 }

@@ -79,6 +79,8 @@ function M.run(p, bench_opts)
   return r
 end
 
+--- A point's case name: "dense fp8_v4 b128 s1 h16 L4096", "sparse ... k2048", with " gen" / " <variant>"
+-- for a forced kernel and " shared" without the causal tail.
 function M.name(p)
   local gen = p.specialize == false and " gen" or type(p.specialize) == "string" and " " .. p.specialize or ""
   if p.causal_tail == false then gen = gen .. " shared" end -- the causal tiles' keys shared (no tail)
@@ -119,6 +121,7 @@ function M.script_options(script, args, max_time)
   return max_time, quick
 end
 
+--- The header line of the bench table (the columns of M.row).
 function M.header()
   local t = {}
   for _, c in ipairs(COLS) do t[#t + 1] = pad(c[1], c[2]) end
@@ -127,6 +130,8 @@ end
 
 local function pct(f) return f and string.format("%.1f%%", 100 * f) or "-" end
 
+--- One table row of a bench result of M.run: time, noise, GB/s and TFLOPS with their fractions of the
+-- references, clock, and the plan (splits, rows a CTA, stages, variant).
 function M.row(r)
   local pl = r.plan or {}
   local cells = { r.name, r.point.impl or "baked", mla.bench_mod.fmt_time(r.median), pct(r.noise),

@@ -263,6 +263,8 @@ function Pair:extra_bytes(pool_tokens, ctx_tokens, decode_steps)
   return total, parts
 end
 
+--- pair:describe() -> one line: the stored layout, and for each phase its backend, what it reads (after
+-- which conversion, run where) and its top-k transform (also tostring(pair)).
 function Pair:describe()
   local out = { string.format("stored %s", self.stored) }
   for _, phase in ipairs { "prefill", "decode" } do

@@ -2,6 +2,7 @@
 -- and the A/B verdict (order-statistic intervals + Mann-Whitney).
 local S = {}
 
+--- S.mean(x) -> the arithmetic mean of an array of numbers.
 function S.mean(x)
   local s = 0
   for i = 1, #x do s = s + x[i] end
@@ -141,6 +142,8 @@ local function samples_of(x, what)
   error("ab: " .. what .. " must be a bench result or an array of times", 3)
 end
 
+--- S.ab(a, b, {threshold = 0.005, alpha = 0.01, z}) -> verdict of b against a (mla.ab): the ratio of medians
+-- with its interval from order statistics, Mann-Whitney's p, and "faster" / "slower" / "same" / "unclear".
 function S.ab(a, b, opts)
   opts = opts or {}
   local sa, ra = samples_of(a, "a")

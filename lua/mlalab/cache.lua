@@ -129,6 +129,7 @@ function Cache:view(i)
     layout = self.layout, layer = i }
 end
 
+--- c:num_slots() -> slots a layer holds (num_blocks x block_size): slot ids run 0 .. num_slots - 1.
 function Cache:num_slots() return self.num_blocks * self.block_size end
 
 --- Quantize rows of x into slots of layer i (slot < 0 skipped).

@@ -9,6 +9,7 @@ local function versions()
   return rt, drv, v
 end
 
+--- `mlalab --info`: Lua, CUDA runtime and driver, NVRTC, and each device's SMs, memory, L2 and peak DRAM.
 function cli.info()
   local core = require "mlalab.core"
   local rt, drv, v = versions()
@@ -33,6 +34,7 @@ function cli.info()
   return true
 end
 
+--- `mlalab --check-kernels [archs]`: see mlalab.rtc_check.
 function cli.check_kernels(...)
   local ok, rtc = pcall(require, "mlalab.rtc")
   if not ok then

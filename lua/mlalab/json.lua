@@ -185,6 +185,7 @@ decode_value = function(s, i)
   end
 end
 
+--- json.decode(s) -> the value; malformed text raises naming the position.
 function J.decode(s)
   if type(s) ~= "string" then error("json.decode: a string expected", 2) end
   local v, i = decode_value(s, 1)

@@ -107,17 +107,18 @@ local function idx_tensor(fn, v, name, dev, required)
   fail(fn, "%s must be an index tensor or a list of integers, got %s", name, type(v))
 end
 
---- write(cache, slot_mapping, rows [, rope], opts): quantize-and-cache.
--- rows: bf16 [>= T, dim], or k_nope [>= T, a] with rope = k_rope [>= T, dim - a].
--- T = slot_mapping:size(0); slots < 0 are skipped.
 --- Compile-time-specialized variants: kernels for the built-in layouts'
 -- descriptors (kernels_rtc/include/mla/builtin_layouts.h) serve any cache
 -- whose descriptor equals one of them. specialize(false) forces the generic
 -- kernels (returns the previous setting); last_variant() names what the last
 -- CUDA launch ran ("generic" or the built-in layout's name).
 function M.specialize(on) return core.kv_specialize(on) end
+--- last_variant() -> what the last CUDA launch ran: "generic" or a built-in layout's name.
 function M.last_variant() return core.kv_last_variant() end
 
+--- write(cache, slot_mapping, rows [, rope], opts): quantize-and-cache.
+-- rows: bf16 [>= T, dim], or k_nope [>= T, a] with rope = k_rope [>= T, dim - a].
+-- T = slot_mapping:size(0); slots < 0 are skipped.
 function M.write(c, slot_mapping, rows, rope, opts)
   if rope ~= nil and not mla.is_tensor(rope) then rope, opts = nil, rope end
   local desc, pages, scale = M.cache_args(c, "write")

@@ -285,6 +285,7 @@ function Layout:page_geometry(bs)
   return offs, align_up(pos, self.page_align), pos
 end
 
+--- L:page_bytes(bs) -> bytes of a page of bs tokens, padded to page_align (a cache's page stride is at least this).
 function Layout:page_bytes(bs) return (select(2, self:page_geometry(bs))) end
 
 --- Offset from a page's base of byte `b` of token `t`'s row in region `reg`
@@ -377,8 +378,10 @@ function Layout:has_tensor_scale()
   for _, f in ipairs(self.fields) do if f.scale and f.scale.kind == "tensor" then return true end end
   return false
 end
+--- has_tensor_scale(L or name) -> true if a field of the layout uses the per-tensor scale.
 function M.has_tensor_scale(L) return M.get(L):has_tensor_scale() end
 
+--- L:field(name) -> the parsed field of that name ({name, dtype, count, dim_lo, scale, ...}), or nil.
 function Layout:field(name)
   for _, f in ipairs(self.fields) do if f.name == name then return f end end
   return nil

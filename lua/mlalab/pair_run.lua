@@ -266,6 +266,7 @@ end
 
 local MATRIX_FMT = "%-18s %-19s %-6s %-20s %-17s %-6s %-20s %s"
 
+--- The header line of the matrix table (the columns of matrix_row).
 function M.matrix_header()
   return string.format(MATRIX_FMT, "stored", "prefill", "top-k", "conversion", "decode", "top-k", "conversion", "verdict")
 end

@@ -109,6 +109,7 @@ function rtc.stats()
   for k, v in pairs(stats) do c[k] = v end
   return c
 end
+--- rtc.reset_stats(): zeroes the counters rtc.stats() reports.
 function rtc.reset_stats()
   stats = { memo_hits = 0, disk_hits = 0, compiles = 0, corrupt = 0, failures = 0, write_errors = 0, compile_ms = 0,
     read_ms = 0, prepare_ms = 0 }
@@ -177,6 +178,7 @@ function rtc.default_arch(device)
   return rtc.normalize_arch("sm_" .. cc .. (cc >= 90 and "a" or ""))
 end
 
+--- rtc.nvrtc_version() -> major, minor of the NVRTC library in use.
 function rtc.nvrtc_version() return core.rtc_version() end
 
 -- File headers -----------------------------------------------------------------------
@@ -642,8 +644,9 @@ function K.signature(k) return core.rtc_signature(k.sig or "") end
 
 -- Scalars that Lua numbers cannot express directly --------------------------------------
 
---- 2-byte argument for a __half / __nv_bfloat16 parameter (round to nearest even).
+--- rtc.f16(x): a 2-byte argument for a __half parameter (round to nearest even).
 function rtc.f16(x) return core.rtc_scalar_bytes("f16", x) end
+--- rtc.bf16(x): a 2-byte argument for a __nv_bfloat16 parameter (round to nearest even).
 function rtc.bf16(x) return core.rtc_scalar_bytes("bf16", x) end
 --- Packs args against a PTX signature string with the launch's own checks (no GPU).
 rtc.pack_args = core.rtc_pack_args
