@@ -92,6 +92,15 @@ describe("mla.help", function()
       if bad ~= "" then all_bad[#all_bad + 1] = mod .. ": " .. bad end
     end
     assert.is_true(modules >= 30, modules .. " modules listed")
+    -- and the methods of the objects a script holds: layouts, caches, pairings
+    local c = mla.cache.new { layout = "fp8_v4", num_blocks = 2, block_size = 16, device = "cpu" }
+    local objects = { layout = c.layout, cache = c,
+      pair = mla.pair { prefill = "sparse_kv_fp8", decode = "trtllm_fp8", store = "fp8_pertensor" } }
+    for _, what in ipairs { "layout", "cache", "pair" } do
+      bad, n = undocumented(H.text(objects[what]))
+      assert.is_true(n >= 3, what .. ": " .. n .. " methods listed")
+      if bad ~= "" then all_bad[#all_bad + 1] = what .. " methods: " .. bad end
+    end
     assert.are.equal("", table.concat(all_bad, "; "))
   end)
 
