@@ -489,6 +489,7 @@ end
 
 -- Reporting ------------------------------------------------------------------------
 
+--- fmt_time(seconds) -> "12.34 us", "1.234 ms" or "1.234 s" ("-" for nil).
 local function fmt_time(s)
   if s == nil then return "-" end
   if s < 1e-3 then return string.format("%.2f us", s * 1e6) end
@@ -508,6 +509,7 @@ local function pad(s, w)
   return s .. string.rep(" ", w - #s)
 end
 
+--- The header line of the results table (the columns of r:row()).
 function M.header()
   local p = {}
   for _, c in ipairs(COLS) do p[#p + 1] = pad(c[1], c[2]) end
@@ -557,6 +559,7 @@ function Result:summary()
   return out
 end
 
+--- table(results[, out = io.stdout]): writes the header and one row a result.
 function M.table(results, out)
   out = out or io.stdout
   out:write(M.header(), "\n")

@@ -79,6 +79,7 @@ end
 
 -- Formatting -------------------------------------------------------------------
 
+--- coords(shape, idx) -> the 0-based coordinates of flat row-major index idx in shape.
 local function coords(shape, idx)
   local c = {}
   for d = #shape, 1, -1 do
@@ -95,6 +96,7 @@ local function fmt_coords(c)
   return "[" .. table.concat(c, ",") .. "]"
 end
 
+--- num(v) -> a number as the report prints it: 4 significant digits, "nan", "inf", "-inf", "-" for nil.
 local function num(v)
   if v == nil then return "-" end
   if v ~= v then return "nan" end
@@ -122,6 +124,7 @@ local function pad(s, w)
   return s .. string.rep(" ", w - #s)
 end
 
+--- The header line of the verdicts table (the columns of r:row()).
 function M.header()
   local p = {}
   for _, c in ipairs(COLS) do p[#p + 1] = pad(c[1], c[2]) end

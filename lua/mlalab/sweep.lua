@@ -69,6 +69,7 @@ local function grid(axes)
   return pts
 end
 
+--- case_id(name, point, order) -> "name(k1=v1,k2=v2)": a point's id, its keys in `order` (booleans as 1 / 0).
 local function case_id(name, p, order)
   local parts = {}
   for _, k in ipairs(order) do
