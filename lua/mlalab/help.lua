@@ -214,7 +214,12 @@ function M.text(x, name)
     if mod then return module_text(mod, x) end
     local mt = getmetatable(x)
     if type(mt) == "table" and type(mt.__index) == "table" then
-      return members_text(mt.__index, tostring(x) .. ": methods")
+      -- an object that documents itself (a layout: its doc and upstream names) says so first
+      local about = ""
+      for _, k in ipairs { "doc", "upstream" } do
+        if type(rawget(x, k)) == "string" then about = about .. k .. ": " .. rawget(x, k) .. "\n" end
+      end
+      return about .. members_text(mt.__index, tostring(x) .. ": methods")
     end
     return members_text(x, (name and "mla." .. name or tostring(x)) .. ":")
   end
