@@ -67,6 +67,12 @@ int luaopen_mlalab_core(lua_State *L) {
   lua_newtable(L);
   lua_pushstring(L, MLALAB_VERSION), lua_setfield(L, -2, "version");
   lua_pushcfunction(L, l_doc), lua_setfield(L, -2, "doc");
+#ifdef MLA_USE_READLINE
+  lua_pushboolean(L, 1); /* the REPL has readline: history and tab completion */
+#else
+  lua_pushboolean(L, 0);
+#endif
+  lua_setfield(L, -2, "readline");
   for (int i = 0; i < nopeners; i++) openers[i].fn(L);
   return 1;
 }

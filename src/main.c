@@ -409,6 +409,68 @@ static void l_print(lua_State *L) {
   }
 }
 
+#ifdef MLA_USE_READLINE
+/* Tab completion: the word before the cursor (names joined by "." and ":")
+ * goes to mlalab.complete.candidates, in the REPL's own state between two
+ * lines, so the completions are what the next line would see. */
+static char **completions; /* NULL-terminated, handed out by the generator */
+static int completion_next;
+
+static char *completion_generator(const char *text, int state) {
+  (void)text;
+  if (state == 0) completion_next = 0;
+  if (!completions || !completions[completion_next]) return NULL;
+  return strdup(completions[completion_next++]);
+}
+
+static void completions_free(void) {
+  if (!completions) return;
+  for (int i = 0; completions[i]; i++) free(completions[i]);
+  free(completions);
+  completions = NULL;
+}
+
+static int push_candidates(lua_State *L) {
+  const char *word = lua_tostring(L, 1);
+  lua_getglobal(L, "require");
+  lua_pushliteral(L, "mlalab.complete");
+  lua_call(L, 1, 1);
+  lua_getfield(L, -1, "candidates");
+  lua_pushstring(L, word);
+  lua_call(L, 1, 1);
+  return 1;
+}
+
+static char **lua_completion(const char *text, int start, int end) {
+  (void)start, (void)end;
+  rl_attempted_completion_over = 1; /* never file names */
+  lua_State *L = globalL;
+  int top = lua_gettop(L);
+  completions_free();
+  lua_pushcfunction(L, push_candidates);
+  lua_pushstring(L, text);
+  if (lua_pcall(L, 1, 1, 0) == LUA_OK && lua_istable(L, -1)) {
+    lua_Integer n = luaL_len(L, -1);
+    completions = calloc((size_t)n + 1, sizeof *completions);
+    for (lua_Integer i = 1; completions && i <= n; i++) {
+      lua_geti(L, -1, i);
+      const char *c = lua_tostring(L, -1);
+      completions[i - 1] = strdup(c ? c : "");
+      lua_pop(L, 1);
+    }
+  }
+  lua_settop(L, top); /* an error in the completer completes nothing */
+  rl_completion_append_character = '\0'; /* candidates end in "(" or "." themselves */
+  return rl_completion_matches(text, completion_generator);
+}
+
+static void completion_init(void) {
+  rl_readline_name = "mlalab";
+  rl_basic_word_break_characters = " \t\n\"\\'`@$><=;|&{}()[],+-*/%^~#";
+  rl_attempted_completion_function = lua_completion;
+}
+#endif
+
 static void doREPL(lua_State *L) {
   const char *oldprogname = progname;
   progname = NULL;
@@ -422,6 +484,9 @@ static void doREPL(lua_State *L) {
                          "__index = function(_, k) return mla.help[k] end})") != LUA_OK ||
       docall(L, 0, 0) != LUA_OK)
     report(L, LUA_ERRRUN);
+#ifdef MLA_USE_READLINE
+  completion_init();
+#endif
   if (isatty(0)) {
     static const char hint[] = "help() lists the library; help(x) describes x; help.find(word) searches it\n";
     lua_writestring(hint, sizeof hint - 1);

@@ -14,7 +14,7 @@ function cli.info()
   local core = require "mlalab.core"
   local rt, drv, v = versions()
   print(string.format("mlalab %s", core.version))
-  print(string.format("Lua: %s", _VERSION))
+  print(string.format("Lua: %s   REPL: %s", _VERSION, core.readline and "readline (history, tab completion)" or "plain lines"))
   print(string.format("CUDA runtime: %s   driver: %s", v(rt), v(drv)))
   local ok, rtc = pcall(require, "mlalab.rtc")
   if ok and rtc.nvrtc_version then

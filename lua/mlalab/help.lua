@@ -91,7 +91,8 @@ local function module_name_of(t)
   return nil
 end
 
--- Every module file next to init.lua (the directory read through ls: Lua has no listing of its own).
+--- module_names() -> the library's module names, sorted: every file next to
+-- init.lua (read through ls: Lua has no directory listing of its own).
 local function module_names()
   local init = package.searchpath("mlalab.init", package.path) or package.searchpath("mlalab", package.path)
   local names = {}
@@ -233,6 +234,8 @@ function M.text(x, name)
   end
   return string.format("%s: a %s\n", tostring(x), type(x))
 end
+
+M.module_names = module_names
 
 --- mla.help.find_text(word) -> text: every module and documented function of
 -- the library whose name or doc mentions `word` (plain text, any case), one
