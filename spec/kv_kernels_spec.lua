@@ -221,7 +221,8 @@ describe("kernels.gather_dense", function()
     S.assert_error_contains(function() K.gather_referenced(v, 3) end, "gather_referenced: indices must be an index tensor")
     S.assert_error_contains(function() K.topk_paged(5, { { 0 } }, 4) end, "topk_paged: topk must be an index tensor or a list of integers, got number")
     S.assert_error_contains(function() K.topk_ragged(nil, { 0, 1 }) end, "topk_ragged: topk must be an index tensor or a list of integers, got nil")
-    S.assert_error_contains(function() K.topk_paged({ { 0 } }, { { 0 } }, 0.5) end, "topk_paged: block_size must be a positive integer, got 0.5")
+    S.assert_error_contains(function() K.topk_paged({ { 0 } }, { { 0 } }, 0.5) end, "topk_paged: block_size must be an integer in [1, 2^31 - 1], got 0.5")
+    S.assert_error_contains(function() K.topk_paged({ { 0 } }, { { 0 } }, 1 << 40) end, "topk_paged: block_size must be an integer in [1, 2^31 - 1]")
     S.assert_error_contains(function() K.gather_dense(v, { { 0, 1 } }, mla.tensor({ { 0, 4 } }, "i32")) end,
       "gather_dense: cu_seq_lens must be a 1-dim index tensor of B + 1 entries")
     S.assert_error_contains(function()
@@ -605,6 +606,16 @@ describe("top-k index transforms", function()
     S.assert_error_contains(function() K.topk_paged(tk, mla.tensor({ { 0, 1 } }, "i32"), 4) end,
       "topk[0, 0] = 9 needs block_table column 2, the table has 2")
   end)
+
+  it("names a slot past the output's range instead of overflowing (argument fuzz, seed 10)", function()
+    -- an i64 block table's page times the block size would overflow int64 before the range check
+    local tk = mla.tensor({ { 5 } }, "i32")
+    local bt = mla.tensor({ { 1 << 40 } }, "i64")
+    S.assert_error_contains(function() K.topk_paged(tk, bt, 1 << 30, { dtype = "i64" }) end,
+      "block_table[0, 0] = 1099511627776: its slot (topk[0, 0]) does not fit the i64 output")
+    S.assert_error_contains(function() K.topk_paged(tk, bt, 16) end, "does not fit the i32 output")
+    assert.same({ { (1 << 40) * 16 + 5 } }, K.topk_paged(tk, bt, 16, { dtype = "i64" }):totable())
+  end)
 end)
 
 -- GPU: baked kernels bit-identical to the CPU references ------------------------------
@@ -811,6 +822,15 @@ describe("baked kernels vs CPU references #gpu", function()
       assert.same(m3:totable(), m5b:cpu():totable())
       assert.same(p3:totable(), p5:cpu():totable())
     end
+  end)
+
+  it("top-k PAGED: an i64 table's page whose slot overflows int64 is refused, as on the CPU", function()
+    local tk, bt = mla.tensor({ { 5 } }, "i32", "cuda"), mla.tensor({ { 1 << 40 } }, "i64", "cuda")
+    assert.same({ { (1 << 40) * 16 + 5 } }, K.topk_paged(tk, bt, 16, { dtype = "i64" }):cpu():totable())
+    S.assert_error_contains(function() K.topk_paged(tk, bt, 1 << 30, { dtype = "i64" }) end,
+      "out-of-range indices were skipped")
+    S.assert_error_contains(function() K.topk_paged(tk:cpu(), bt:cpu(), 1 << 30, { dtype = "i64" }) end,
+      "does not fit the i64 output")
   end)
 
   it("top-k PAGED and RAGGED identical to the CPU for decode and prefill, with lens", function()

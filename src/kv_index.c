@@ -255,7 +255,9 @@ int mla_kv_topk_paged(int dev, const mla_tensor *topk, const mla_tensor *block_t
   if (topk_args(dev, topk, token_req, cu_q, out, lens, &tk, &req, &o, &l) ||
       mla_kv_arg_imat(block_table, "block_table", dev, &bt))
     return -1;
-  if (block_size < 1) return mla_err("block_size = %lld must be positive", (long long)block_size);
+  /* the CUDA kernel divides by block_size as a 32-bit int */
+  if (block_size < 1 || block_size > INT32_MAX)
+    return mla_err("block_size = %lld must be in [1, 2^31 - 1]", (long long)block_size);
   if (dev == MLA_CPU) return mla_ref_kv_topk_paged(&tk, &req, &bt, block_size, &o, lens ? &l : NULL);
   unsigned long long *bad = NULL;
   if (mla_device_use(dev) || !(bad = mla_kv_bad_counter(dev))) return -1;

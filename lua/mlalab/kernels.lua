@@ -316,8 +316,8 @@ end
 function M.topk_paged(topk, block_table, block_size, opts)
   opts = opts_table("topk_paged", opts)
   topk = idx_tensor("topk_paged", topk, "topk", "cpu", true)
-  if math.type(block_size) ~= "integer" or block_size < 1 then
-    fail("topk_paged", "block_size must be a positive integer, got %s", tostring(block_size))
+  if math.type(block_size) ~= "integer" or block_size < 1 or block_size > 0x7fffffff then
+    fail("topk_paged", "block_size must be an integer in [1, 2^31 - 1], got %s", tostring(block_size))
   end
   local dev = topk.device
   local tr, cq = req_args("topk_paged", opts, dev)

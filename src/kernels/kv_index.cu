@@ -27,6 +27,7 @@ struct PagedMap {
   mla_kv_imat bt;
   int64_t bs;
   int64_t out_max;
+  int64_t page_max; // the largest page whose slots page * bs + off stay below INT64_MAX (an i64 table's page may not)
   int shift; // log2(bs) when bs is a power of two, else -1
   __device__ int64_t nreq() const { return bt.rows; }
   __device__ void split(int64_t idx, int64_t &j, int64_t &off) const {
@@ -39,7 +40,7 @@ struct PagedMap {
     return j < bt.cols ? imat_at(bt, r, j) : -2;
   }
   __device__ bool finish(int64_t r, int64_t idx, int64_t page, int64_t &out) const {
-    if (page < 0) return false;
+    if (page < 0 || page > page_max) return false;
     int64_t j, off;
     split(idx, j, off);
     out = page * bs + off;
@@ -559,7 +560,7 @@ extern "C" cudaError_t mla_cuda_kv_topk_paged(const mla_kv_imat *topk, const mla
     if ((int64_t)1 << k == block_size) shift = k;
   if (topk->rows == 0) return cudaSuccess;
   if (launch_topk32<true>(topk, req, block_table, shift, nullptr, out, lens, bad, s)) return cudaGetLastError();
-  return launch_topk(topk, req, PagedMap{*block_table, block_size, out_max(out), shift}, out, lens, bad, s);
+  return launch_topk(topk, req, PagedMap{*block_table, block_size, out_max(out), (INT64_MAX - block_size) / block_size, shift}, out, lens, bad, s);
 }
 
 extern "C" cudaError_t mla_cuda_kv_topk_ragged(const mla_kv_imat *topk, const mla_kv_token_req *req,
