@@ -615,6 +615,11 @@ describe("top-k index transforms", function()
       "block_table[0, 0] = 1099511627776: its slot (topk[0, 0]) does not fit the i64 output")
     S.assert_error_contains(function() K.topk_paged(tk, bt, 16) end, "does not fit the i32 output")
     assert.same({ { (1 << 40) * 16 + 5 } }, K.topk_paged(tk, bt, 16, { dtype = "i64" }):totable())
+    -- RAGGED: cu_k + position, summed only when it fits
+    local M = math.maxinteger
+    S.assert_error_contains(function() K.topk_ragged(tk, mla.tensor({ M - 3, M - 1 }, "i64"), { dtype = "i64" }) end,
+      "cu_k[0] = 9223372036854775804 + topk[0, 0] = 5 does not fit the i64 output")
+    assert.same({ { M - 2 } }, K.topk_ragged(mla.tensor({ { 1 } }, "i32"), mla.tensor({ M - 3, M - 1 }, "i64"), { dtype = "i64" }):totable())
   end)
 end)
 
@@ -824,13 +829,17 @@ describe("baked kernels vs CPU references #gpu", function()
     end
   end)
 
-  it("top-k PAGED: an i64 table's page whose slot overflows int64 is refused, as on the CPU", function()
+  it("top-k PAGED / RAGGED: a slot that would overflow int64 is refused, as on the CPU", function()
     local tk, bt = mla.tensor({ { 5 } }, "i32", "cuda"), mla.tensor({ { 1 << 40 } }, "i64", "cuda")
     assert.same({ { (1 << 40) * 16 + 5 } }, K.topk_paged(tk, bt, 16, { dtype = "i64" }):cpu():totable())
     S.assert_error_contains(function() K.topk_paged(tk, bt, 1 << 30, { dtype = "i64" }) end,
       "out-of-range indices were skipped")
     S.assert_error_contains(function() K.topk_paged(tk:cpu(), bt:cpu(), 1 << 30, { dtype = "i64" }) end,
       "does not fit the i64 output")
+    local M = math.maxinteger
+    local cu = mla.tensor({ M - 3, M - 1 }, "i64", "cuda")
+    S.assert_error_contains(function() K.topk_ragged(tk, cu, { dtype = "i64" }) end, "out-of-range indices were skipped")
+    assert.same({ { M - 2 } }, K.topk_ragged(mla.tensor({ { 1 } }, "i32", "cuda"), cu, { dtype = "i64" }):cpu():totable())
   end)
 
   it("top-k PAGED and RAGGED identical to the CPU for decode and prefill, with lens", function()

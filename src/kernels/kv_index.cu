@@ -55,7 +55,7 @@ struct RaggedMap {
   __device__ int64_t fetch(int64_t r, int64_t) const { return ivec_at(cu_k, r); }
   __device__ bool finish(int64_t, int64_t idx, int64_t off, int64_t &out) const {
     out = idx + off;
-    return out <= out_max;
+    return off <= out_max - idx; // idx >= 0: out <= out_max without the sum's int64 overflow
   }
 };
 

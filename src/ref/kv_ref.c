@@ -302,9 +302,11 @@ typedef struct ragged_ctx { const mla_kv_ivec *cu_k; int64_t max; } ragged_ctx;
 
 static int map_ragged(const void *p, int64_t t, int64_t k, int64_t r, int64_t idx, int64_t *out) {
   const ragged_ctx *c = p;
-  *out = idx + ivec_at(c->cu_k, r);
-  if (*out > c->max)
-    return mla_err("row %lld (topk[%lld, %lld]) does not fit the i32 output", (long long)*out, (long long)t, (long long)k);
+  const int64_t base = ivec_at(c->cu_k, r);
+  if (base > c->max - idx) /* idx >= 0 here: checked before the sum, which could overflow int64 */
+    return mla_err("cu_k[%lld] = %lld + topk[%lld, %lld] = %lld does not fit the %s output", (long long)r, (long long)base,
+                   (long long)t, (long long)k, (long long)idx, c->max == INT64_MAX ? "i64" : "i32");
+  *out = idx + base;
   return 0;
 }
 
