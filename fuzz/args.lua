@@ -2,8 +2,8 @@
 --   mlalab fuzz/args.lua [--seed N] [--iterations N] [--show]
 -- Builds a valid call of mla.attention.decode or an mla.kernels operation on
 -- small CPU caches of every built-in layout (or a tensor method, a
--- constructor, mla.compare or mla.cache.new with random arguments, or
--- mla.layout.define on a built-in description made wrong), replaces one or two of its
+-- constructor, mla.compare, mla.cache.new or the REPL's completion with random
+-- arguments, or mla.layout.define on a built-in description made wrong), replaces one or two of its
 -- arguments with something wrong (another dtype, shape or device, a closed
 -- tensor, negative, huge or NaN values, a table or string for a tensor...)
 -- and calls it. Each call must return or raise a Lua error whose message
@@ -198,6 +198,18 @@ local function tensor_call()
   return "tensor", ctor, { shape, tensor_arg(true), tensor_arg(true) }
 end
 
+-- The REPL's completion rule on words made of random pieces (it must never
+-- raise on a string), or on a value that is not one.
+local WORD_PIECES = { "mla", "t", "attention", "layout", "get", "core", "Tensor", "string", "_G", "x", ".", ".", ":", "..",
+  "(", "1", " ", "", "nar", "decode", "__index" }
+local function complete_call()
+  if draw(8) == 0 then return "complete", mla.complete.candidates, { pick { 5, {}, true } } end
+  local w = {}
+  for k = 1, 1 + draw(6) do w[k] = pick(WORD_PIECES) end
+  local env = setmetatable({ mla = mla, t = mla.zeros({ 2 }, "f32", "cpu"), string = string }, { __index = _G })
+  return "complete", mla.complete.candidates, { table.concat(w), env }
+end
+
 -- mla.compare and mla.cache.new with random operands and options.
 local function misc_call()
   local function operand()
@@ -303,6 +315,7 @@ for it = 1, opt.iterations do
   elseif family == 1 then name, fn, args = kernel_call(it)
   elseif family == 2 then name, fn, args = tensor_call()
   elseif family == 3 then name, fn, args = layout_call(it)
+  elseif draw(4) == 0 then name, fn, args = complete_call()
   else name, fn, args = misc_call() end
   if name then
     local ok, err = pcall(fn, table.unpack(args, 1, 4))
