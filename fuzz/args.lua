@@ -2,8 +2,8 @@
 --   mlalab fuzz/args.lua [--seed N] [--iterations N] [--show]
 -- Builds a valid call of mla.attention.decode or an mla.kernels operation on
 -- small CPU caches of every built-in layout (or a tensor method, a
--- constructor, mla.compare, mla.cache.new or the REPL's completion with random
--- arguments, or mla.layout.define on a built-in description made wrong), replaces one or two of its
+-- constructor, mla.compare, mla.cache.new, mla.rtc.compile or the REPL's
+-- completion with random arguments, or mla.layout.define on a built-in description made wrong), replaces one or two of its
 -- arguments with something wrong (another dtype, shape or device, a closed
 -- tensor, negative, huge or NaN values, a table or string for a tensor...)
 -- and calls it. Each call must return or raise a Lua error whose message
@@ -210,6 +210,22 @@ local function complete_call()
   return "complete", mla.complete.candidates, { table.concat(w), env }
 end
 
+-- mla.rtc.compile (NVRTC needs no GPU) on a tiny kernel with one option made
+-- wrong; not cached, so nothing is written. A compile error is an error
+-- object carrying NVRTC's log; any other error must name rtc.
+local TINY = 'extern "C" __global__ void f(float *x, int n) { if ((int)threadIdx.x < n) x[threadIdx.x] = N; }'
+local function rtc_call()
+  local spec = { source = TINY, name = "fuzz.cu", arch = pick { "sm_90a", "sm_80" }, cache = false, defines = { N = 1 } }
+  local k = pick { "source", "name", "arch", "defines", "names", "include_dirs", "options", "std", "lineinfo", "headers",
+    "layout", "block_size", "cache", "file", "bogus" }
+  spec[k] = pick {
+    nil, 5, "", "x", {}, true, { 5 }, { "--bogus-flag" }, { N = {} }, { ["x.h"] = 5 }, "sm_1", "c++99", "fp8_v4", 0, -3,
+    1 << 40, "../../etc/passwd", "f<int>", { "f", "g<float>" }, string.rep("y", 5000), TINY .. " }",
+  }
+  if k == "layout" and spec.layout ~= nil and draw(2) == 0 then spec.block_size = pick { 16, 64, 0, 7 } end
+  return "rtc", mla.rtc.compile, { spec }
+end
+
 -- mla.compare and mla.cache.new with random operands and options.
 local function misc_call()
   local function operand()
@@ -300,7 +316,9 @@ end
 -- to, or the closed tensor it was given.
 local DELEGATES = { gather_referenced = "gather_sparse", attention = "attn_" }
 local function names_op(msg, name)
+  if name == "rtc" and type(msg) == "table" and type(msg.log) == "string" then return true end -- NVRTC's diagnostics
   if type(msg) ~= "string" then return false end
+  msg = msg:gsub("^[^\n:]*%.lua:%d+: ", "") -- a source position is no name (rtc.lua would pass for "rtc")
   if name == "tensor" then return true end -- Lua's own argument errors name the method; only a crash or a leak fails
   return msg:find(name, 1, true) ~= nil or msg:find("closed tensor", 1, true) ~= nil
     or (DELEGATES[name] and msg:find(DELEGATES[name], 1, true) ~= nil)
@@ -316,6 +334,7 @@ for it = 1, opt.iterations do
   elseif family == 2 then name, fn, args = tensor_call()
   elseif family == 3 then name, fn, args = layout_call(it)
   elseif draw(4) == 0 then name, fn, args = complete_call()
+  elseif draw(4) == 0 then name, fn, args = rtc_call()
   else name, fn, args = misc_call() end
   if name then
     local ok, err = pcall(fn, table.unpack(args, 1, 4))

@@ -364,6 +364,10 @@ describe("attention argument errors", function()
     err({ topk_len = mla.zeros({ 2 }, "i32", "cpu") }, "topk_len applies to sparse decode")
   end)
 
+  it("names a tensor_scale that is not a tensor (the argument fuzz's find)", function()
+    err({ tensor_scale = 0.5 }, "attention.decode: tensor_scale must be an f32 tensor [1], got 0.5")
+  end)
+
   it("rejects causal for sparse decode", function()
     S.assert_error_contains(function()
       mla.attention.decode { q = case.q, cache = case.view, indices = mla.full({ 2, 1, 4 }, -1, "i32", "cpu"), causal = true }

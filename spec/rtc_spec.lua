@@ -121,6 +121,21 @@ extern "C" __global__ void k(int *p) { p[0] = EXTRA_VALUE; }
     S.assert_error_contains(function() rtc.compile { source = "", arch = "sm_80a" } end, "start at sm_90a")
     S.assert_error_contains(function() rtc.compile { source = "", arch = ARCH, defins = {} } end, "unknown option 'defins'")
     S.assert_error_contains(function() rtc.compile { file = "no_such_kernel.cu", arch = ARCH } end, "no kernel file 'no_such_kernel.cu'")
+    -- option values of the wrong type (the argument fuzz's finds): each names the option
+    S.assert_error_contains(function() rtc.compile { source = "", arch = ARCH, include_dirs = { {} } } end,
+      "rtc.compile: include_dirs must be a list of directories (strings)")
+    S.assert_error_contains(function() rtc.compile { source = "", arch = ARCH, std = 5 } end, "rtc.compile: std must be a string")
+    S.assert_error_contains(function() rtc.compile { source = "", arch = ARCH, lineinfo = "x" } end, "rtc.compile: lineinfo must be a boolean")
+    S.assert_error_contains(function() rtc.compile { source = "", arch = ARCH, layout = "nope", block_size = 16 } end,
+      "rtc.compile: layout: ")
+    S.assert_error_contains(function() rtc.compile { source = "", arch = ARCH, layout = 7, block_size = 16 } end, "rtc.compile: layout: ")
+  end)
+
+  it("takes a layout by name as well as by value", function()
+    local by_name = rtc.compile { file = "kv_gather.cu", layout = "bf16", block_size = 16, arch = ARCH, cache = "memory" }
+    local by_value = rtc.compile { file = "kv_gather.cu", layout = mla.layout.get("bf16"), block_size = 16, arch = ARCH,
+      cache = "memory" }
+    assert.are.equal(by_value.key, by_name.key)
   end)
 end)
 

@@ -85,6 +85,7 @@ local function resolve_cache(o)
   local ok, lay = pcall(layout.get, L)
   if not ok then fail("%s", lay) end
   if o.tensor_scale ~= nil and o.cache ~= nil then ts = o.tensor_scale end
+  if ts ~= nil and not core.is_tensor(ts) then fail("tensor_scale must be an f32 tensor [1], got %s", shown(ts)) end
   if not math.tointeger(bs) or bs < 1 or bs > 0x7fffffff then
     fail("block_size must be a positive integer below 2^31, got %s", tostring(bs))
   end

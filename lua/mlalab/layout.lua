@@ -256,6 +256,7 @@ function M.define(spec)
   if L.k_dims > L.dim then fail("k_dims = %d exceeds the row's %d dims", L.k_dims, L.dim) end
   if L.v_dims > L.k_dims then fail("v_dims = %d exceeds k_dims = %d (V is a prefix of K)", L.v_dims, L.k_dims) end
   local rspec = spec.regions or default_regions(L.fields)
+  if type(rspec) ~= "table" then fail("regions must be a list of regions, got %s", type(rspec)) end
   if #rspec == 0 or #rspec > 4 then fail("a page has 1 to 4 regions, %d given", #rspec) end
   L.regions, L.npad = place_regions({ regions = rspec }, by_name, fail)
   if #L.fields + L.npad > 8 then fail("%d fields and %d paddings exceed the descriptor's 8 field slots", #L.fields, L.npad) end

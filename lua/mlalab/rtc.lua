@@ -292,6 +292,8 @@ local function resolve(spec)
     end
   end
   -- options, in a fixed order (part of the cache key)
+  if spec.std ~= nil and type(spec.std) ~= "string" then error("rtc.compile: std must be a string such as \"c++17\"", 3) end
+  if spec.lineinfo ~= nil and type(spec.lineinfo) ~= "boolean" then error("rtc.compile: lineinfo must be a boolean", 3) end
   local o = { "-arch=" .. s.arch, "-std=" .. (spec.std or "c++17") }
   if spec.lineinfo ~= false then o[#o + 1] = "-lineinfo" end
   o[#o + 1] = "-Xptxas=-v" -- resource usage per kernel, read from the log
@@ -313,7 +315,10 @@ local function resolve(spec)
   if spec.include_dirs ~= nil and type(spec.include_dirs) ~= "table" then
     error("rtc.compile: include_dirs must be a list of directories", 3)
   end
-  for _, d in ipairs(spec.include_dirs or {}) do o[#o + 1] = "--include-path=" .. d end
+  for _, d in ipairs(spec.include_dirs or {}) do
+    if type(d) ~= "string" then error("rtc.compile: include_dirs must be a list of directories (strings)", 3) end
+    o[#o + 1] = "--include-path=" .. d
+  end
   o[#o + 1] = "--include-path=" .. rtc.kernels_dir() .. "/include"
   s.sys_dirs = rtc.cuda_include_dirs()
   for _, d in ipairs(s.sys_dirs) do o[#o + 1] = "--include-path=" .. d end
@@ -327,10 +332,14 @@ local function resolve(spec)
     end
   end
   if spec.layout ~= nil then
-    s.headers[layouts.HEADER_NAME] = layouts.header(spec.layout, spec.block_size or s.meta.block_size)
-    local desc = spec.layout
-    if type(desc.desc) == "function" then desc = desc:desc(spec.block_size or s.meta.block_size) end
-    s.layout_desc = layouts.normalize(desc, spec.block_size or s.meta.block_size)
+    local ok, err = pcall(function()
+      local L = spec.layout
+      if type(L) == "string" then L = require("mlalab.layout").get(L) end -- a layout's name will do
+      local bs = spec.block_size or s.meta.block_size
+      s.headers[layouts.HEADER_NAME] = layouts.header(L, bs)
+      s.layout_desc = layouts.normalize(type(L.desc) == "function" and L:desc(bs) or L, bs)
+    end)
+    if not ok then error("rtc.compile: layout: " .. tostring(err), 3) end
   end
   return s
 end
