@@ -223,6 +223,7 @@ local function rtc_call()
     1 << 40, "../../etc/passwd", "f<int>", { "f", "g<float>" }, string.rep("y", 5000), TINY .. " }",
   }
   if k == "layout" and spec.layout ~= nil and draw(2) == 0 then spec.block_size = pick { 16, 64, 0, 7 } end
+  if spec.cache == nil or spec.cache == true then spec.cache = "memory" end -- never the disk cache
   return "rtc", mla.rtc.compile, { spec }
 end
 
