@@ -2,8 +2,8 @@
 --   mlalab fuzz/args.lua [--seed N] [--iterations N] [--show]
 -- Builds a valid call of mla.attention.decode or an mla.kernels operation on
 -- small CPU caches of every built-in layout (or a tensor method, a
--- constructor, mla.compare, mla.cache.new, mla.rtc.compile or the REPL's
--- completion with random arguments, or mla.layout.define on a built-in description made wrong), replaces one or two of its
+-- constructor, mla.compare, mla.cache.new, mla.pair, mla.rtc.compile or the
+-- REPL's completion with random arguments, or mla.layout.define on a built-in description made wrong), replaces one or two of its
 -- arguments with something wrong (another dtype, shape or device, a closed
 -- tensor, negative, huge or NaN values, a table or string for a tensor...)
 -- and calls it. Each call must return or raise a Lua error whose message
@@ -227,6 +227,19 @@ local function rtc_call()
   return "rtc", mla.rtc.compile, { spec }
 end
 
+-- mla.pair on backend and layout names, right and wrong.
+local BACKENDS = { "sparse_prefill_bf16", "sparse_kv_fp8", "trtllm_fp8", "dense_bf16", "dense_fp8_blocked", "nope", 5 }
+local function pair_call()
+  if draw(5) == 0 then return "pair", mla.pair, { pick { 5, "x", true } } end
+  local o = { prefill = pick(BACKENDS), decode = pick(BACKENDS) }
+  if draw(2) == 0 then o.store = pick { "bf16", "fp8_ds_mla", "fp8_pertensor", "fp8_v4", "nope", 3 } end
+  if draw(2) == 0 then o.kv_dtype = pick { "bf16", "fp8", "auto", "int4", 0 } end
+  if draw(3) == 0 then o.block_size = pick { 64, 16, 0, -1, 0.5, 1 << 40, "x" } end
+  if draw(3) == 0 then o.allow = pick { {}, { "dequant_pool" }, "x", { 5 } } end
+  if draw(4) == 0 then o[pick { "bogus", "prefil" }] = 1 end
+  return "pair", mla.pair, { o }
+end
+
 -- mla.compare and mla.cache.new with random operands and options.
 local function misc_call()
   local function operand()
@@ -315,7 +328,7 @@ end
 
 -- An error must be a string that names the operation, the one it delegates
 -- to, or the closed tensor it was given.
-local DELEGATES = { gather_referenced = "gather_sparse", attention = "attn_" }
+local DELEGATES = { gather_referenced = "gather_sparse", attention = "attn_", pair = "backend" }
 local function names_op(msg, name)
   if name == "rtc" and type(msg) == "table" and type(msg.log) == "string" then return true end -- NVRTC's diagnostics
   if type(msg) ~= "string" then return false end
@@ -336,6 +349,7 @@ for it = 1, opt.iterations do
   elseif family == 3 then name, fn, args = layout_call(it)
   elseif draw(4) == 0 then name, fn, args = complete_call()
   elseif draw(4) == 0 then name, fn, args = rtc_call()
+  elseif draw(3) == 0 then name, fn, args = pair_call()
   else name, fn, args = misc_call() end
   if name then
     local ok, err = pcall(fn, table.unpack(args, 1, 4))

@@ -84,6 +84,24 @@ describe("pairing", function()
       "unknown kv_dtype")
   end)
 
+  it("names a misspelt option, a bad block_size and an allow that names no opt-in conversion", function()
+    local base = { prefill = "dense_bf16", decode = "dense_bf16", store = "bf16" }
+    local function with(k, v)
+      local o = {}
+      for a, b in pairs(base) do o[a] = b end
+      o[k] = v
+      return o
+    end
+    S.assert_error_contains(function() mla.pair(with("blocksize", 16)) end,
+      "pair: unknown option 'blocksize' (prefill, decode, store, kv_dtype, block_size, allow)")
+    S.assert_error_contains(function() mla.pair(with("block_size", 0)) end, "pair: block_size must be an integer in [1, 2^31 - 1], got 0")
+    S.assert_error_contains(function() mla.pair(with("block_size", "64")) end, "pair: block_size must be an integer")
+    S.assert_error_contains(function() mla.pair(with("allow", "dequant_pool")) end, "pair: allow must be a list of conversion names")
+    S.assert_error_contains(function() mla.pair(with("allow", { "requant" })) end,
+      "pair: allow names 'requant', which is no opt-in conversion (dequant_pool)")
+    assert.are.equal(16, mla.pair(with("block_size", 16)).block_size)
+  end)
+
   it("FlashMLA's page-blocked dense decode on a 656 B pool relayouts per call; a page-blocked pool relayouts back for the sparse kernel", function()
     local p = mla.pair { prefill = "sparse_kv_fp8", decode = "dense_fp8_blocked", store = "fp8_ds_mla" }
     assert.is_nil(p.prefill.conversion)

@@ -185,6 +185,13 @@ end
 local Pair = {}
 Pair.__index = Pair
 
+local PAIR_KEYS = { prefill = true, decode = true, store = true, kv_dtype = true, block_size = true, allow = true }
+-- Conversions a pairing takes only when `allow` names them (legal but wasteful).
+local OPT_IN = {}
+for _, c in ipairs(conversions) do
+  if c.opt_in then OPT_IN[c.name] = true end
+end
+
 --- mla.pair{prefill=name, decode=name, store=layout | kv_dtype="bf16"|"fp8", block_size=64, allow={...}}
 -- `allow` opts into conversions that are legal but wasteful (dequant_pool).
 -- -> a resolved pairing, or an error saying why the pair cannot work and
@@ -204,6 +211,26 @@ end
 function backend.resolve(o, level)
   level = level or 2
   if type(o) ~= "table" then error("pair: {prefill=, decode=, store= | kv_dtype=} expected", level) end
+  for k in pairs(o) do -- a misspelt option would otherwise fall back to its default unseen
+    if not PAIR_KEYS[k] then
+      error(string.format("pair: unknown option '%s' (prefill, decode, store, kv_dtype, block_size, allow)", tostring(k)), level)
+    end
+  end
+  if o.block_size ~= nil and (math.type(o.block_size) ~= "integer" or o.block_size < 1 or o.block_size > 0x7fffffff) then
+    error(string.format("pair: block_size must be an integer in [1, 2^31 - 1], got %s", tostring(o.block_size)), level)
+  end
+  if o.allow ~= nil then
+    if type(o.allow) ~= "table" then error("pair: allow must be a list of conversion names, got " .. type(o.allow), level) end
+    for _, n in ipairs(o.allow) do
+      if not OPT_IN[n] then
+        local names = {}
+        for k in pairs(OPT_IN) do names[#names + 1] = k end
+        table.sort(names)
+        error(string.format("pair: allow names '%s', which is no opt-in conversion (%s)", tostring(n),
+          table.concat(names, ", ")), level)
+      end
+    end
+  end
   local pre = backend.get(o.prefill or error("pair: prefill backend missing", level))
   local dec = backend.get(o.decode or error("pair: decode backend missing", level))
   if not pre.phases.prefill then error(string.format("pair: '%s' is not a prefill backend", pre.name), level) end
