@@ -291,16 +291,16 @@ describe("kernels.requant fp8_pertensor (576 B) -> fp8_ds_mla (656 B)", function
         pool(mla.layout.get("bf16"), 2, 4, "cpu")
     S.assert_error_contains(function() K.requant(p656, p576) end,
       "destination dims [0, 8) are e4m3 under a per-tensor scale; a destination chunk is either the source codes")
-    S.assert_error_contains(function() K.requant(p656, pool(mla.layout.get("fp8_v4"), 2, 4, "cpu")) end,
+    S.assert_error_contains(function() K.requant(p656, (pool(mla.layout.get("fp8_v4"), 2, 4, "cpu"))) end,
       "the source row has 576 dims, the destination 512")
-    S.assert_error_contains(function() K.requant(p656, pool(mla.layout.define { name = "spec_requant_g64", v_dims = 512,
-      fields = { { "nope", "e4m3", 512, scale = { dtype = "f32", group = 64, eps = 1e-4 } }, { "rope", "bf16", 64 } } }, 2, 4, "cpu")) end,
+    S.assert_error_contains(function() K.requant(p656, (pool(mla.layout.define { name = "spec_requant_g64", v_dims = 512,
+      fields = { { "nope", "e4m3", 512, scale = { dtype = "f32", group = 64, eps = 1e-4 } }, { "rope", "bf16", 64 } } }, 2, 4, "cpu"))) end,
       "dims [0, 8) carry group scales on both sides but as e4m3 in groups of 128 under f32 scales (source) and e4m3 in groups of 64")
     S.assert_error_contains(function() K.requant(pbf, p656) end,
       "destination dims [0, 8) store e4m3 under group scales but the source stores bf16")
-    S.assert_error_contains(function() K.requant(p576, pool(mla.layout.get("fp8_ds_mla"), 1, 4, "cpu")) end,
+    S.assert_error_contains(function() K.requant(p576, (pool(mla.layout.get("fp8_ds_mla"), 1, 4, "cpu"))) end,
       "the destination has 1 pages, the source 2")
-    S.assert_error_contains(function() K.requant(p576, pool(mla.layout.get("fp8_ds_mla"), 2, 8, "cpu")) end,
+    S.assert_error_contains(function() K.requant(p576, (pool(mla.layout.get("fp8_ds_mla"), 2, 8, "cpu"))) end,
       "block sizes differ (4 vs 8)")
   end)
 end)

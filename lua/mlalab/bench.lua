@@ -47,7 +47,14 @@ M.DRAM_METRICS = { "dram__bytes_read.sum", "dram__bytes_write.sum" }
 local FLUSH_DEFAULT = { cold = "clean", hot = false, graph = false }
 
 local bench_body -- below M.bench
+-- Every option of mla.bench and measure (M.defaults' and those without a default).
+local OPTION_NAMES = { "name", "device", "bytes", "flops", "flush", "graph_calls", "metrics", "setup", "verbose", "log",
+  "default_mhz" }
+for k in pairs(M.defaults) do OPTION_NAMES[#OPTION_NAMES + 1] = k end
+
 local function options(opts)
+  if opts ~= nil and type(opts) ~= "table" then error("bench: opts must be a table, got " .. type(opts), 3) end
+  require("mlalab.options").check("bench", opts, OPTION_NAMES, 3)
   local o = {}
   for k, v in pairs(M.defaults) do o[k] = v end
   for k, v in pairs(opts or {}) do o[k] = v end

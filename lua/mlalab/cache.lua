@@ -61,6 +61,8 @@ end
 --   order = "layer_major" | "block_major", page_pad = 0, device, tensor_scale = 1}
 function M.new(o)
   if type(o) ~= "table" then error("cache.new: an options table is expected", 2) end
+  require("mlalab.options").check("cache.new", o, { "layout", "num_blocks", "block_size", "num_layers", "order", "page_pad",
+    "device", "tensor_scale" })
   local L = layout.get(o.layout)
   local c = setmetatable({ layout = L }, Cache)
   c.num_blocks = int_opt(o, "num_blocks", nil, 1)

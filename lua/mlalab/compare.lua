@@ -46,6 +46,9 @@ end
 local function normalize(opts)
   if type(opts) == "string" then opts = M.presets[opts] and { preset = opts } or { mode = opts } end
   opts = opts or {}
+  if type(opts) ~= "table" then error("compare: opts must be a table, a preset or a mode name, got " .. type(opts), 3) end
+  require("mlalab.options").check("compare", opts, { "mode", "atol", "rtol", "cos", "nmse", "nan", "first", "name", "preset",
+    "min_count" }, 3)
   local o = {}
   if opts.preset then
     local p = M.presets[opts.preset] or error("compare: unknown preset '" .. tostring(opts.preset) .. "'", 3)

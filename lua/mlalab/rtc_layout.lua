@@ -267,6 +267,8 @@ end
 -- tensor, never from block_size x row bytes.
 function M.cache_view(t, layout, opts)
   opts = opts or {}
+  if type(opts) ~= "table" then error("cache_view: opts must be a table, got a " .. type(opts), 2) end
+  require("mlalab.options").check("cache_view", opts, { "block_size", "tensor_scale", "allow_cpu" })
   if not core.is_tensor(t) then error("cache_view: a tensor of pages is expected, got a " .. type(t), 2) end
   local packed
   if type(layout) == "string" and layout:find("\0", 1, true) then
