@@ -93,7 +93,7 @@ describe("pairing", function()
       return o
     end
     S.assert_error_contains(function() mla.pair(with("blocksize", 16)) end,
-      "pair: unknown option 'blocksize' (prefill, decode, store, kv_dtype, block_size, allow)")
+      "pair: unknown option 'blocksize' (did you mean 'block_size'? options: allow, block_size, decode, kv_dtype, prefill, store)")
     S.assert_error_contains(function() mla.pair(with("block_size", 0)) end, "pair: block_size must be an integer in [1, 2^31 - 1], got 0")
     S.assert_error_contains(function() mla.pair(with("block_size", "64")) end, "pair: block_size must be an integer")
     S.assert_error_contains(function() mla.pair(with("allow", "dequant_pool")) end, "pair: allow must be a list of conversion names")

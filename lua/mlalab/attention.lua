@@ -126,9 +126,9 @@ end
 --- The options as the bindings take them, plus what the caller needs.
 function M.prepare(o)
   if type(o) ~= "table" then error("attention.decode: an options table is expected", 2) end
-  for k in pairs(o) do
-    if not KNOWN[k] then fail("unknown option '%s'", tostring(k)) end
-  end
+  local names = {}
+  for k in pairs(KNOWN) do names[#names + 1] = k end
+  require("mlalab.options").check("attention.decode", o, names, 3)
   local pages, L, bs, ts = resolve_cache(o)
   local q = o.q
   if not core.is_tensor(q) then fail("q must be a bf16 tensor [b, s_q, h_q, d_qk]") end

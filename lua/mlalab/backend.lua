@@ -185,7 +185,7 @@ end
 local Pair = {}
 Pair.__index = Pair
 
-local PAIR_KEYS = { prefill = true, decode = true, store = true, kv_dtype = true, block_size = true, allow = true }
+local PAIR_KEYS = { "prefill", "decode", "store", "kv_dtype", "block_size", "allow" }
 -- Conversions a pairing takes only when `allow` names them (legal but wasteful).
 local OPT_IN = {}
 for _, c in ipairs(conversions) do
@@ -211,11 +211,7 @@ end
 function backend.resolve(o, level)
   level = level or 2
   if type(o) ~= "table" then error("pair: {prefill=, decode=, store= | kv_dtype=} expected", level) end
-  for k in pairs(o) do -- a misspelt option would otherwise fall back to its default unseen
-    if not PAIR_KEYS[k] then
-      error(string.format("pair: unknown option '%s' (prefill, decode, store, kv_dtype, block_size, allow)", tostring(k)), level)
-    end
-  end
+  require("mlalab.options").check("pair", o, PAIR_KEYS, level)
   if o.block_size ~= nil and (math.type(o.block_size) ~= "integer" or o.block_size < 1 or o.block_size > 0x7fffffff) then
     error(string.format("pair: block_size must be an integer in [1, 2^31 - 1], got %s", tostring(o.block_size)), level)
   end

@@ -257,9 +257,9 @@ local SPEC_KEYS = { file = true, source = true, name = true, names = true, defin
 
 -- Turns a user spec into everything a compile needs (except the names).
 local function resolve(spec)
-  for k in pairs(spec) do
-    if not SPEC_KEYS[k] then error("rtc.compile: unknown option '" .. tostring(k) .. "'", 3) end
-  end
+  local names = {}
+  for k in pairs(SPEC_KEYS) do names[#names + 1] = k end
+  require("mlalab.options").check("rtc.compile", spec, names, 3)
   local s = { headers = {} }
   local text
   if spec.file ~= nil then
