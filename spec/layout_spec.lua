@@ -319,6 +319,8 @@ describe("layout validation errors", function()
     for i = 1, 5 do five[i] = { row = {} } end
     define_err({ name = "t", fields = { e4("a", 8) }, regions = five }, "a page has 1 to 4 regions, 5 given")
     define_err({ name = "t", fields = { e4("a", 8) }, regions = 5 }, "regions must be a list of regions, got number")
+    define_err({ name = "t", fields = { e4("a", 8) }, regions = { nil, { name = "r", row = { "a" } } } },
+      "regions[1] must be a table with a row list")
   end)
   it("names chunked regions whose pieces do not fit their row or split a read", function()
     define_err({ name = "t", fields = { e4("a", 32) }, regions = { { name = "r", row = { "a" }, chunk = 12 } } },

@@ -258,6 +258,9 @@ function M.define(spec)
   local rspec = spec.regions or default_regions(L.fields)
   if type(rspec) ~= "table" then fail("regions must be a list of regions, got %s", type(rspec)) end
   if #rspec == 0 or #rspec > 4 then fail("a page has 1 to 4 regions, %d given", #rspec) end
+  for i = 1, #rspec do -- a hole would end the walk over them early
+    if type(rspec[i]) ~= "table" then fail("regions[%d] must be a table with a row list", i) end
+  end
   L.regions, L.npad = place_regions({ regions = rspec }, by_name, fail)
   if #L.fields + L.npad > 8 then fail("%d fields and %d paddings exceed the descriptor's 8 field slots", #L.fields, L.npad) end
   local widest = 1
