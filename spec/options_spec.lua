@@ -43,4 +43,18 @@ describe("entry points refuse a misspelt option", function()
     mla.kernels.write(v, { 0 }, mla.zeros({ 1, 576 }, "bf16", "cpu"), { check = false })
     assert.are.equal("string", type(mla.rtc.cache_view(v.pages, "bf16", { block_size = 16, allow_cpu = true })))
   end)
+
+  it("sweep, pair, pair:run, the pair matrix and isolate.run", function()
+    S.assert_error_contains(function()
+      mla.sweep { name = "x", params = { { "a", { 1 } } }, run = function() return {} end, tabel = false }
+    end, "sweep: unknown option 'tabel' (did you mean 'table'?")
+    local p = mla.pair { prefill = "dense_bf16", decode = "dense_bf16", store = "bf16" }
+    S.assert_error_contains(function() mla.pair { prefill = "dense_bf16", decode = "dense_bf16", stor = "bf16" } end,
+      "pair: unknown option 'stor' (did you mean 'store'?")
+    S.assert_error_contains(function() p:run { tim = true } end, "pair.run: unknown option 'tim' (did you mean 'time'?")
+    S.assert_error_contains(function() mla.pair_run.matrix { store = { "bf16" } } end,
+      "pair_run.matrix: unknown option 'store' (did you mean 'stores'?")
+    S.assert_error_contains(function() mla.isolate_mod.run(function() end, {}, { timout = 5 }) end,
+      "isolate.run: unknown option 'timout' (did you mean 'timeout'?")
+  end)
 end)

@@ -43,6 +43,8 @@ local function first_line(s) return (s or ""):match("^[^\n]*") end
 -- synchronising after each launch, default true).
 function isolate.run(fn, args, opts)
   opts = opts or {}
+  if type(opts) ~= "table" then error("isolate.run: opts must be a table, got a " .. type(opts), 2) end
+  require("mlalab.options").check("isolate.run", opts, { "timeout", "device", "env", "sync" })
   assert(type(fn) == "function", "isolate.run: a function is required")
   local payload = ser.encode({ fn = fn, args = args or {}, device = opts.device or core.default_device() })
   local env = { "MLALAB_DEVICE=" .. (opts.device or core.default_device()) }

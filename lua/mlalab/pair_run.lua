@@ -141,12 +141,16 @@ local function run_phase(scn, pair, phase, o)
   return r
 end
 
+local RUN_KEYS = { "scenario", "size", "impl", "check_q", "force_topk", "time", "bench" }
+local MATRIX_KEYS = { "stores", "prefills", "decodes", "allow", "size", "impl", "check_q", "time", "bench", "progress" }
+
 --- Runs a resolved pair (mla.pair{...}) end to end. opts: scenario (shared,
 -- its store must be the pair's) or size = options of pair_scenario.new;
 -- impl ("baked" | "jit" | "ref"), check_q (last query tokens compared per
 -- request), force_topk, time, bench (mla.bench options).
 function M.run(pair, o)
   o = o or {}
+  require("mlalab.options").check("pair.run", o, RUN_KEYS)
   local scn = o.scenario
   if scn then
     if scn.store ~= pair.stored then fail("the scenario stores %s, the pair %s", scn.store, pair.stored) end
@@ -229,6 +233,7 @@ end
 -- One scenario per stored layout, shared by its pairs (references computed once).
 function M.matrix(o)
   o = o or {}
+  require("mlalab.options").check("pair_run.matrix", o, MATRIX_KEYS)
   local rows = {}
   for _, st in ipairs(o.stores or { "bf16", "fp8_pertensor", "fp8_ds_mla", "fp8_ds_mla_blocked" }) do
     local scn
@@ -245,9 +250,10 @@ function M.matrix(o)
             so.store = st
             scn = scenario.new(so)
           end
-          local ro = {}
-          for k, v in pairs(o) do ro[k] = v end
-          ro.scenario = scn
+          local ro = { scenario = scn }
+          for _, k in ipairs(RUN_KEYS) do
+            if k ~= "size" and k ~= "scenario" then ro[k] = o[k] end
+          end
           row.pair, row.result = p, M.run(p, ro)
           row.status = row.result.status
         end

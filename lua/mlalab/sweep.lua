@@ -334,6 +334,8 @@ end
 -- out (stream for table and progress lines).
 function M.sweep(o)
   if type(o) ~= "table" or type(o.run) ~= "function" then error("sweep: {params=, run=function(p) ... end} expected", 2) end
+  require("mlalab.options").check("sweep", o, { "name", "params", "points", "order", "filter", "run", "jsonl", "csv", "json",
+    "plot", "progress", "progress_out", "table", "resume", "on_error", "isolate", "runner", "out" })
   local name = o.name or "sweep"
   local axes, points
   if o.points then
