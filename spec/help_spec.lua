@@ -101,11 +101,17 @@ describe("mla.help", function()
       end
     end
     assert.is_true(modules >= 30, modules .. " modules listed")
-    -- and the methods of the objects a script holds: layouts, caches, pairings
+    -- and the methods of the objects a script holds: layouts, caches, pairings, JIT modules, results
     local c = mla.cache.new { layout = "fp8_v4", num_blocks = 2, block_size = 16, device = "cpu" }
     local objects = { layout = c.layout, cache = c,
-      pair = mla.pair { prefill = "sparse_kv_fp8", decode = "trtllm_fp8", store = "fp8_pertensor" } }
-    for _, what in ipairs { "layout", "cache", "pair" } do
+      pair = mla.pair { prefill = "sparse_kv_fp8", decode = "trtllm_fp8", store = "fp8_pertensor" },
+      rtc_module = mla.rtc.compile { source = 'extern "C" __global__ void f(int *x) { x[0] = 1; }', name = "help_obj.cu",
+        arch = "sm_90a", cache = "memory" },
+      bench_result = mla.bench(function() end, { device = "cpu", max_time = 0.01, min_samples = 2, min_time = 0 }),
+      compare_result = mla.compare(mla.zeros({ 2 }, "f32", "cpu"), mla.zeros({ 2 }, "f32", "cpu")),
+      sweep_result = mla.sweep { name = "h", params = { { "a", { 1 } } }, run = function() return { v = 1 } end, table = false,
+        progress = false } }
+    for _, what in ipairs { "layout", "cache", "pair", "rtc_module", "bench_result", "compare_result", "sweep_result" } do
       bad, n = undocumented(H.text(objects[what]))
       assert.is_true(n >= 3, what .. ": " .. n .. " methods listed")
       if bad ~= "" then all_bad[#all_bad + 1] = what .. " methods: " .. bad end

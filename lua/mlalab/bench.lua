@@ -523,6 +523,7 @@ function M.header()
   return table.concat(p, " ")
 end
 
+--- r:cells() -> the row's cells as strings, in the header's columns.
 function Result:cells()
   return {
     self.name, self.mode, fmt_time(self.median), fmt_time(self.min), fmt_time(self.max), pct(self.noise),
@@ -531,6 +532,7 @@ function Result:cells()
   }
 end
 
+--- r:row() -> one line: the cells padded to the header's widths (also tostring(r)).
 function Result:row()
   local p, cells = {}, self:cells()
   for i, c in ipairs(COLS) do p[#p + 1] = pad(cells[i], c[2]) end

@@ -134,6 +134,7 @@ function M.header()
   return table.concat(p, " ")
 end
 
+--- r:cells() -> the row's cells as strings, in the header's columns.
 function Result:cells()
   return {
     self.verdict, self.name or "-", self.mode, self.compared, self.mismatches,
@@ -142,6 +143,7 @@ function Result:cells()
   }
 end
 
+--- r:row() -> one line: the cells padded to the header's widths (also tostring(r)).
 function Result:row()
   local p, cells = {}, self:cells()
   for i, c in ipairs(COLS) do p[#p + 1] = pad(cells[i], c[2]) end

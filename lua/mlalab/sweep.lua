@@ -205,6 +205,7 @@ local function clean(r)
   return o
 end
 
+--- s:table([out = io.stdout[, cols]]): the records as an aligned table, the columns any record fills.
 function Sweep:table(out, cols)
   out = out or io.stdout
   cols = cols or self:columns()
@@ -251,6 +252,7 @@ local function csv_cell(v)
   return v
 end
 
+--- s:write_csv(path) -> path: one row a record, every column, cells quoted as CSV needs.
 function Sweep:write_csv(path)
   local cols = self:columns()
   local f = assert(io.open(path, "w"))
@@ -266,6 +268,7 @@ function Sweep:write_csv(path)
   return path
 end
 
+--- s:write_json(path) -> path: {name, params, records} as one JSON document.
 function Sweep:write_json(path)
   local recs = json.array()
   for i, r in ipairs(self.records) do recs[i] = clean(r) end
