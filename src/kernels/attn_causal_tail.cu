@@ -16,6 +16,7 @@
 #include "attn_decode_rows.cuh"
 #include "mla/layout_access.cuh"
 #include "mla/mma.cuh"
+#include "mla/token_access.cuh"
 
 namespace mla_attn {
 
@@ -39,10 +40,7 @@ __global__ void __launch_bounds__(128) attn_causal_tail_kernel(const __grid_cons
 #pragma unroll
   for (int k = 0; k < LCH; k++) {
     const int c = lane + 32 * k;
-    const uint4 v = c < kch && lo < hi ? load_q8(p, r, i, h, c) : make_uint4(0, 0, 0, 0);
-    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int e = 0; e < 4; e++) q[k][2 * e] = __uint_as_float(w[e] << 16), q[k][2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+    mla::unpack_bf16x8(c < kch && lo < hi ? load_q8(p, r, i, h, c) : make_uint4(0, 0, 0, 0), q[k]);
   }
   float m = -CUDART_INF_F, l = 0.f, acc[LCH][8];
   bool nan = false;
