@@ -56,5 +56,8 @@ describe("entry points refuse a misspelt option", function()
       "pair_run.matrix: unknown option 'store' (did you mean 'stores'?")
     S.assert_error_contains(function() mla.isolate_mod.run(function() end, {}, { timout = 5 }) end,
       "isolate.run: unknown option 'timout' (did you mean 'timeout'?")
+    S.assert_error_contains(function()
+      mla.attention_cases.dense { layout = "bf16", b = 1, s_q = 1, h_q = 1, lenz = { 3 }, device = "cpu" }
+    end, "attention_cases.dense: unknown option 'lenz' (did you mean 'lens'?")
   end)
 end)

@@ -71,6 +71,16 @@ local function draw_rows(o, n, dim, std)
 end
 
 -- kv_dims as draw_rows reads it; an error names the caller of dense / sparse.
+-- Every option dense and sparse cases read (the header lists them).
+local OPTION_NAMES = { "layout", "b", "s_q", "h_q", "block_size", "device", "num_layers", "layer", "order", "page_pad",
+  "extra_blocks", "extra_columns", "q_pad", "q_std", "kv_std", "seed", "fill", "template_pages", "tensor_scale", "lens", "len",
+  "kv_ramp", "kv_dims", "topk", "pool", "invalid", "empty_rows", "topk_len", "unique" }
+
+local function check_options(fn, o)
+  if type(o) ~= "table" then error(fn .. ": an options table is expected", 3) end
+  require("mlalab.options").check(fn, o, OPTION_NAMES, 3)
+end
+
 local function check_kv_dims(o, L)
   local kd = o.kv_dims
   if kd == nil then return end
@@ -126,6 +136,7 @@ end
 
 --- Dense case: per-request lengths over permuted pages.
 function M.dense(o)
+  check_options("attention_cases.dense", o)
   local L = layout.get(o.layout)
   check_kv_dims(o, L)
   local bs = o.block_size or 64
@@ -182,6 +193,7 @@ end
 --- Sparse case: every (request, query) row lists topk slots of a pool of
 -- written tokens, with -1 holes; some rows all -1; optional topk_len.
 function M.sparse(o)
+  check_options("attention_cases.sparse", o)
   local L = layout.get(o.layout)
   check_kv_dims(o, L)
   local bs = o.block_size or 64
