@@ -59,5 +59,8 @@ describe("entry points refuse a misspelt option", function()
     S.assert_error_contains(function()
       mla.attention_cases.dense { layout = "bf16", b = 1, s_q = 1, h_q = 1, lenz = { 3 }, device = "cpu" }
     end, "attention_cases.dense: unknown option 'lenz' (did you mean 'lens'?")
+    S.assert_error_contains(function()
+      mla.equivalence { run = function() return mla.zeros({ 1 }, "f32", "cpu") end, page_bytes = 64, layres = 3, device = "cpu" }
+    end, "equivalence: unknown option 'layres' (did you mean 'layers'?")
   end)
 end)
