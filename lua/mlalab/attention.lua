@@ -42,6 +42,7 @@
 local mla = require "mlalab"
 local core = mla.core
 local layout = require "mlalab.layout"
+local options = require "mlalab.options"
 
 local M = {}
 
@@ -58,9 +59,8 @@ local function shape_str(t)
   return "[" .. table.concat(s, ", ") .. "]"
 end
 
-local KNOWN = { q = 1, cache = 1, pages = 1, layout = 1, block_size = 1, tensor_scale = 1, block_table = 1,
-  cache_lens = 1, causal = 1, causal_tail = 1, indices = 1, topk_len = 1, sink = 1, scale = 1, impl = 1, out = 1, lse = 1, check = 1,
-  splits = 1, specialize = 1 }
+local KNOWN = { "q", "cache", "pages", "layout", "block_size", "tensor_scale", "block_table", "cache_lens", "causal",
+  "causal_tail", "indices", "topk_len", "sink", "scale", "impl", "out", "lse", "check", "splits", "specialize" }
 
 -- The cache: a view table from cache:view(i), or pages + layout (+ block_size, tensor_scale).
 local function resolve_cache(o)
@@ -126,9 +126,7 @@ end
 --- The options as the bindings take them, plus what the caller needs.
 function M.prepare(o)
   if type(o) ~= "table" then error("attention.decode: an options table is expected", 2) end
-  local names = {}
-  for k in pairs(KNOWN) do names[#names + 1] = k end
-  require("mlalab.options").check("attention.decode", o, names, 3)
+  options.check("attention.decode", o, KNOWN, 3)
   local pages, L, bs, ts = resolve_cache(o)
   local q = o.q
   if not core.is_tensor(q) then fail("q must be a bf16 tensor [b, s_q, h_q, d_qk]") end

@@ -57,12 +57,13 @@ local function memory_of(dev)
   return ok and props.total_mem or nil
 end
 
+local NEW_OPTIONS = { "layout", "num_blocks", "block_size", "num_layers", "order", "page_pad", "device", "tensor_scale" }
+
 --- mla.cache.new{layout, num_blocks, block_size = 64, num_layers = 1,
 --   order = "layer_major" | "block_major", page_pad = 0, device, tensor_scale = 1}
 function M.new(o)
   if type(o) ~= "table" then error("cache.new: an options table is expected", 2) end
-  require("mlalab.options").check("cache.new", o, { "layout", "num_blocks", "block_size", "num_layers", "order", "page_pad",
-    "device", "tensor_scale" })
+  require("mlalab.options").check("cache.new", o, NEW_OPTIONS)
   local L = layout.get(o.layout)
   local c = setmetatable({ layout = L }, Cache)
   c.num_blocks = int_opt(o, "num_blocks", nil, 1)

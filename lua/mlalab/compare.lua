@@ -42,13 +42,14 @@ local function parse_modes(m)
   return set
 end
 
+local OPTION_NAMES = { "mode", "atol", "rtol", "cos", "nmse", "nan", "first", "name", "preset", "min_count" }
+
 --- Merges preset, then explicit options; infers modes from the tolerances given.
 local function normalize(opts)
   if type(opts) == "string" then opts = M.presets[opts] and { preset = opts } or { mode = opts } end
   opts = opts or {}
   if type(opts) ~= "table" then error("compare: opts must be a table, a preset or a mode name, got " .. type(opts), 3) end
-  require("mlalab.options").check("compare", opts, { "mode", "atol", "rtol", "cos", "nmse", "nan", "first", "name", "preset",
-    "min_count" }, 3)
+  require("mlalab.options").check("compare", opts, OPTION_NAMES, 3)
   local o = {}
   if opts.preset then
     local p = M.presets[opts.preset] or error("compare: unknown preset '" .. tostring(opts.preset) .. "'", 3)

@@ -14,11 +14,13 @@ return function(M, mla)
   local Equiv = {}
   Equiv.__index = Equiv
 
+  local OPTION_NAMES = { "run", "kind", "page_bytes", "layout", "name", "blocks", "layers", "layer", "device", "seed",
+    "poison", "payload", "compare", "nonzero", "raise" }
+
   local function check_spec(s)
     if type(s) ~= "table" then error("equivalence: a table {run=, page_bytes=, ...} expected", 3) end
     if type(s.run) ~= "function" then error("equivalence: run = function(cache, ctx) expected", 3) end
-    require("mlalab.options").check("equivalence", s, { "run", "kind", "page_bytes", "layout", "name", "blocks", "layers",
-      "layer", "device", "seed", "poison", "payload", "compare", "nonzero", "raise" }, 3)
+    require("mlalab.options").check("equivalence", s, OPTION_NAMES, 3)
     local kind = s.kind or "read"
     if kind ~= "read" and kind ~= "write" then error("equivalence: kind must be 'read' or 'write'", 3) end
     local pb = s.page_bytes or (s.layout and s.layout.page_bytes)

@@ -10,19 +10,9 @@ local M = {}
 local KEYWORDS = { "and", "break", "do", "else", "elseif", "end", "false", "for", "function", "goto", "if", "in",
   "local", "nil", "not", "or", "repeat", "return", "then", "true", "until", "while" }
 
+local help = require "mlalab.help"
+local methods_of = help.methods_of -- the methods table a value indexes
 local modules -- mla's module names, listed once (help.module_names reads the directory)
-
--- The methods table of a value: a table's metatable __index table, or for the
--- core's userdata (tensors, JIT kernels) core.<Name>, which their __index reads.
-local function methods_of(v)
-  local mt = getmetatable(v)
-  if type(mt) ~= "table" then return nil end
-  local name = type(mt.__name) == "string" and mt.__name:match("^mlalab%.(%w+)$")
-  local core = package.loaded["mlalab.core"]
-  if name and type(core) == "table" and type(core[name]) == "table" then return core[name] end
-  if type(mt.__index) == "table" then return mt.__index end
-  return nil
-end
 
 -- Every string key v offers after "." (fields and methods) or ":" (methods: functions only).
 local function keys_of(v, colon)
@@ -48,10 +38,7 @@ local function keys_of(v, colon)
     for k, x in pairs(string) do add(k, x) end
   end
   if v == package.loaded["mlalab"] and not colon then -- modules not loaded yet are names too
-    if not modules then
-      local ok, help = pcall(require, "mlalab.help")
-      modules = ok and help.module_names() or {}
-    end
+    modules = modules or help.module_names()
     for _, k in ipairs(modules) do add(k, rawget(v, k) or {}) end
   end
   return out

@@ -110,6 +110,19 @@ local function module_names()
   return names
 end
 
+--- methods_of(v) -> the methods table a value indexes, or nil: a table's
+-- metatable __index table, or for the core's userdata (tensors, JIT kernels),
+-- whose __index is a C function, core.<Name> from the metatable's __name.
+local function methods_of(v)
+  local mt = getmetatable(v)
+  if type(mt) ~= "table" then return nil end
+  local name = type(mt.__name) == "string" and mt.__name:match("^mlalab%.(%w+)$")
+  local core = package.loaded["mlalab.core"]
+  if name and type(core) == "table" and type(core[name]) == "table" then return core[name] end
+  if type(mt.__index) == "table" then return mt.__index end
+  return nil
+end
+
 -- The doc of a C binding, written beside it in src/l_*.c (core.doc), or nil.
 local function c_doc(f)
   local ok, core = pcall(require, "mlalab.core")
@@ -119,7 +132,10 @@ end
 local function first_doc_line(f)
   if type(f) ~= "function" then return type(f) end
   local path, lines, n = source_of(f)
-  if not path then return c_doc(f) and c_doc(f):match("^[^\n]*") or "a C function" end
+  if not path then
+    local doc = c_doc(f)
+    return doc and doc:match("^[^\n]*") or "a C function"
+  end
   local doc = comment_above(lines, n)
   for _, l in ipairs(doc) do
     if l:match("%S") then return l end
@@ -213,29 +229,26 @@ function M.text(x, name)
   if type(x) == "table" then
     local mod = module_name_of(x)
     if mod then return module_text(mod, x) end
-    local mt = getmetatable(x)
-    if type(mt) == "table" and type(mt.__index) == "table" then
+    local methods = methods_of(x)
+    if methods then
       -- an object that documents itself (a layout: its doc and upstream names) says so first
       local about = ""
       for _, k in ipairs { "doc", "upstream" } do
         if type(rawget(x, k)) == "string" then about = about .. k .. ": " .. rawget(x, k) .. "\n" end
       end
-      return about .. members_text(mt.__index, tostring(x) .. ": methods")
+      return about .. members_text(methods, tostring(x) .. ": methods")
     end
     return members_text(x, (name and "mla." .. name or tostring(x)) .. ":")
   end
   if type(x) == "userdata" then
-    local mt = getmetatable(x)
-    -- the core's objects index their methods through a function; core.<Name> is that table
-    local name = type(mt) == "table" and type(mt.__name) == "string" and mt.__name:match("^mlalab%.(%w+)$")
-    local methods = name and type(require("mlalab.core")[name]) == "table" and require("mlalab.core")[name]
-      or type(mt) == "table" and type(mt.__index) == "table" and mt.__index
+    local methods = methods_of(x)
     if methods then return members_text(methods, tostring(x) .. ": methods") end
   end
   return string.format("%s: a %s\n", tostring(x), type(x))
 end
 
 M.module_names = module_names
+M.methods_of = methods_of
 
 --- mla.help.find_text(word) -> text: every module and documented function of
 -- the library whose name or doc mentions `word` (plain text, any case), one

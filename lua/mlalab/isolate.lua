@@ -37,6 +37,8 @@ end
 
 local function first_line(s) return (s or ""):match("^[^\n]*") end
 
+local RUN_OPTIONS = { "timeout", "device", "env", "sync" }
+
 --- isolate.run(fn, args, opts) -> result
 -- opts: timeout (seconds, default 60), device (default: this process's),
 -- env (extra NAME=value strings), sync (attribute faults to kernels by
@@ -44,7 +46,7 @@ local function first_line(s) return (s or ""):match("^[^\n]*") end
 function isolate.run(fn, args, opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("isolate.run: opts must be a table, got a " .. type(opts), 2) end
-  require("mlalab.options").check("isolate.run", opts, { "timeout", "device", "env", "sync" })
+  require("mlalab.options").check("isolate.run", opts, RUN_OPTIONS)
   assert(type(fn) == "function", "isolate.run: a function is required")
   local payload = ser.encode({ fn = fn, args = args or {}, device = opts.device or core.default_device() })
   local env = { "MLALAB_DEVICE=" .. (opts.device or core.default_device()) }

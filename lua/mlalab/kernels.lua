@@ -23,17 +23,20 @@ local core = mla.core
 
 local M = {}
 
+local options = require "mlalab.options"
+
 -- A Lua error naming the operation, raised at its caller.
 local function fail(fn, fmt, ...) error(fn .. ": " .. string.format(fmt, ...), 3) end
 -- Every option some operation reads (several share the readers of out, ncols,
 -- the request mapping...); write and requant take only `check`.
 local OPTION_NAMES = { "out", "ncols", "remap", "check", "q_lens", "cu_q", "token_req", "pages", "count", "seq_starts",
   "num_rows", "fill", "lens", "dtype" }
+local CHECK_ONLY = { "check" }
 
 local function opts_table(fn, opts, names)
   if opts == nil then return {} end
   if type(opts) ~= "table" then fail(fn, "opts must be a table, got %s", type(opts)) end
-  require("mlalab.options").check(fn, opts, names or OPTION_NAMES, 3)
+  options.check(fn, opts, names or OPTION_NAMES, 3)
   return opts
 end
 
@@ -127,7 +130,7 @@ function M.last_variant() return core.kv_last_variant() end
 -- T = slot_mapping:size(0); slots < 0 are skipped.
 function M.write(c, slot_mapping, rows, rope, opts)
   if rope ~= nil and not mla.is_tensor(rope) then rope, opts = nil, rope end
-  opts = opts_table("write", opts, { "check" })
+  opts = opts_table("write", opts, CHECK_ONLY)
   local desc, pages, scale = M.cache_args(c, "write")
   local dev = pages.device
   slot_mapping = idx_tensor("write", slot_mapping, "slot_mapping", dev, true)
@@ -231,7 +234,7 @@ end
 -- scales = the tensor scale, unscaled bf16 dims = bf16(decode * tensor scale).
 -- Lossless; the pairing of the two layouts is checked dim by dim.
 function M.requant(src, dst, opts)
-  opts = opts_table("requant", opts, { "check" })
+  opts = opts_table("requant", opts, CHECK_ONLY)
   local sd, sp, ss = M.cache_args(src, "requant")
   local dd, dp = M.cache_args(dst, "requant")
   core.kv_requant(sd, sp, ss, dd, dp)

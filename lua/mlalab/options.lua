@@ -20,13 +20,19 @@ local function distance(a, b)
   return prev[#b]
 end
 
+local sets = setmetatable({}, { __mode = "k" }) -- known list -> its names as a set, built once
+
 --- check(fn, opts, known[, level = 2]) -> opts: raises naming fn and the first
 -- unknown string key of opts (nil opts pass), with the closest known name
 -- when it is within two edits, and the list of known names.
 function M.check(fn, opts, known, level)
   if opts == nil then return opts end
-  local set = {}
-  for _, k in ipairs(known) do set[k] = true end
+  local set = sets[known]
+  if not set then
+    set = {}
+    for _, k in ipairs(known) do set[k] = true end
+    sets[known] = set
+  end
   local bad = {}
   for k in pairs(opts) do
     if type(k) ~= "string" or not set[k] then bad[#bad + 1] = tostring(k) end

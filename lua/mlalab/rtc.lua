@@ -251,15 +251,12 @@ local function append_unique(list, seen, v)
   if not seen[v] then seen[v] = true; list[#list + 1] = v end
 end
 
-local SPEC_KEYS = { file = true, source = true, name = true, names = true, defines = true, include_dirs = true,
-  options = true, std = true, arch = true, lineinfo = true, layout = true, block_size = true, headers = true,
-  cache = true }
+local SPEC_KEYS = { "file", "source", "name", "names", "defines", "include_dirs", "options", "std", "arch", "lineinfo",
+  "layout", "block_size", "headers", "cache" }
 
 -- Turns a user spec into everything a compile needs (except the names).
 local function resolve(spec)
-  local names = {}
-  for k in pairs(SPEC_KEYS) do names[#names + 1] = k end
-  require("mlalab.options").check("rtc.compile", spec, names, 3)
+  require("mlalab.options").check("rtc.compile", spec, SPEC_KEYS, 3)
   local s = { headers = {} }
   local text
   if spec.file ~= nil then

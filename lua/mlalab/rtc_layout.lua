@@ -257,6 +257,8 @@ function M.builtins_header()
   return table.concat(o, "\n") .. "\n"
 end
 
+local CACHE_VIEW_OPTIONS = { "block_size", "tensor_scale", "allow_cpu" }
+
 --- Bytes of an mla_cache_view argument (passed by value) for one layer's pages:
 -- t is u8 [pages, page_bytes] or [pages, block_size, row] (one-region
 -- layouts), e.g. cache:view(i).pages; layout: a layout or its name (then
@@ -268,7 +270,7 @@ end
 function M.cache_view(t, layout, opts)
   opts = opts or {}
   if type(opts) ~= "table" then error("cache_view: opts must be a table, got a " .. type(opts), 2) end
-  require("mlalab.options").check("cache_view", opts, { "block_size", "tensor_scale", "allow_cpu" })
+  require("mlalab.options").check("cache_view", opts, CACHE_VIEW_OPTIONS)
   if not core.is_tensor(t) then error("cache_view: a tensor of pages is expected, got a " .. type(t), 2) end
   local packed
   if type(layout) == "string" and layout:find("\0", 1, true) then

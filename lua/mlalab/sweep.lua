@@ -328,6 +328,9 @@ local function is_fatal(msg)
   return msg:find("interrupted!", 1, true) or mla.core.context_poisoned()
 end
 
+local OPTION_NAMES = { "name", "params", "points", "order", "filter", "run", "jsonl", "csv", "json", "plot", "progress",
+  "progress_out", "table", "resume", "on_error", "isolate", "runner", "out" }
+
 --- mla.sweep{...} -> result with :table(), :write_csv(), :write_json(), :plot(), :column().
 -- Options: name, params | points, order, filter(p), run(p), jsonl, csv, json,
 -- plot (one table or a list), progress (default: on a terminal), table=true,
@@ -337,8 +340,7 @@ end
 -- out (stream for table and progress lines).
 function M.sweep(o)
   if type(o) ~= "table" or type(o.run) ~= "function" then error("sweep: {params=, run=function(p) ... end} expected", 2) end
-  require("mlalab.options").check("sweep", o, { "name", "params", "points", "order", "filter", "run", "jsonl", "csv", "json",
-    "plot", "progress", "progress_out", "table", "resume", "on_error", "isolate", "runner", "out" })
+  require("mlalab.options").check("sweep", o, OPTION_NAMES)
   local name = o.name or "sweep"
   local axes, points
   if o.points then

@@ -283,12 +283,10 @@ static int map_paged(const void *p, int64_t t, int64_t k, int64_t r, int64_t idx
   int64_t page = imat_at(c->bt, r, j);
   if (page < 0) return mla_err("block_table[%lld, %lld] = %lld is negative", (long long)r, (long long)j, (long long)page);
   const int64_t off = idx - j * c->bs;
-  if (page > (c->max - off) / c->bs) /* checked before the product, which could overflow int64 */
+  if (page > (c->max - off) / c->bs) /* the slot would pass the output's range; checked before the product overflows */
     return mla_err("block_table[%lld, %lld] = %lld: its slot (topk[%lld, %lld]) does not fit the %s output", (long long)r,
                    (long long)j, (long long)page, (long long)t, (long long)k, c->max == INT64_MAX ? "i64" : "i32");
-  *out = page * c->bs + off;
-  if (*out > c->max)
-    return mla_err("slot %lld (topk[%lld, %lld]) does not fit the i32 output", (long long)*out, (long long)t, (long long)k);
+  *out = page * c->bs + off; /* <= c->max by the check above */
   return 0;
 }
 
