@@ -70,7 +70,6 @@ local function draw_rows(o, n, dim, std)
   return x
 end
 
--- kv_dims as draw_rows reads it; an error names the caller of dense / sparse.
 -- Every option dense and sparse cases read (the header lists them).
 local OPTION_NAMES = { "layout", "b", "s_q", "h_q", "block_size", "device", "num_layers", "layer", "order", "page_pad",
   "extra_blocks", "extra_columns", "q_pad", "q_std", "kv_std", "seed", "fill", "template_pages", "tensor_scale", "lens", "len",
@@ -81,6 +80,7 @@ local function check_options(fn, o)
   require("mlalab.options").check(fn, o, OPTION_NAMES, 3)
 end
 
+-- kv_dims as draw_rows reads it; an error names the caller of dense / sparse.
 local function check_kv_dims(o, L)
   local kd = o.kv_dims
   if kd == nil then return end
